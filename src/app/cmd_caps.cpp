@@ -1,0 +1,95 @@
+// ptllm caps [--json]: what this machine can do (CPU model, Highway targets, feature flags) and,
+// per registered path, whether it is supported here, its gate verdict and whether it is active.
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "app/commands.h"
+#include "core/error.h"
+#include "gate/paths.h"
+
+namespace ptllm::app {
+namespace {
+
+std::unique_ptr<Ops> opsForDevice(const std::string& device) {
+  if (device == "auto" || device == "cpu") return makeCpuOps();
+  fail("--device {}: only the cpu backend is available to this command", device);
+}
+
+std::string verdictText(const GateResult& r) {
+  if (!r.supported) return "not supported (" + r.unsupportedReason + ")";
+  if (!r.selected) return "not selected (--paths)";
+  const GateMetric& m = r.metric;
+  std::string s = r.pass ? "PASS" : "FAIL";
+  if (!m.reason.empty()) s += " (" + m.reason + ")";
+  return s + fmt::format("  mean|ref|={:.2e} max_abs={:.2e} (limit {:.2e}) mean_rel={:.3f}% "
+                         "(limit {:.3f}%) max_rel={:.2f}%  {:.1f} ms",
+                         m.meanAbsRef, m.maxAbs, m.maxAbsLimit, m.meanRel * 100,
+                         m.meanRelLimit * 100, m.maxRel * 100, r.millis);
+}
+
+void runCaps(const GlobalOptions& g, bool json) {
+  g.apply();
+  const PathSelection sel = PathSelection::parse(g.paths);
+  std::unique_ptr<Ops> ops = opsForDevice(g.device);
+  PathSet set(*ops, sel);
+  const std::vector<GateResult> results = set.results();
+  const Capabilities& caps = set.capabilities();
+  const std::vector<std::string> pills = set.activePills();
+
+  if (json) {
+    nlohmann::json j;
+    j["capabilities"] = caps.toJson();
+    j["backend"] = ops->name();
+    j["paths_selection"] = sel.toString();
+    nlohmann::json paths = nlohmann::json::array();
+    for (size_t i = 0; i < results.size(); ++i) {
+      const PathEntry& e = set.entries()[i];
+      nlohmann::json pj = toJson(results[i]);
+      pj["pill"] = e.pill;
+      pj["device"] = deviceName(e.device);
+      pj["requires"] = e.requiredCaps;
+      pj["missing"] = caps.missing(e.requiredCaps);
+      paths.push_back(pj);
+    }
+    j["paths"] = paths;
+    j["pills"] = pills;
+    const PathEntry* fwd = set.forwardPath();
+    j["forward_path"] = fwd ? nlohmann::json(fwd->name) : nlohmann::json("f32");
+    std::printf("%s\n", j.dump(2).c_str());
+    return;
+  }
+
+  std::string targets;
+  for (const auto& t : caps.hwyTargets) targets += (targets.empty() ? "" : " ") + t;
+  std::printf("cpu:      %s\n", caps.cpuModel.c_str());
+  std::printf("highway:  dispatched %s; supported %s\n", caps.dispatchedTarget.c_str(),
+              targets.c_str());
+  std::printf("flags:\n");
+  for (const auto& [name, on] : caps.flags)
+    std::printf("  %-12s %s\n", name.c_str(), on ? "yes" : "no");
+  std::printf("paths (--paths %s, backend %s):\n", sel.toString().c_str(), ops->name());
+  for (size_t i = 0; i < results.size(); ++i) {
+    const GateResult& r = results[i];
+    std::printf("  %-14s %-13s gate: %s  -> %s\n", r.path.c_str(),
+                r.supported ? "detected" : "not detected", verdictText(r).c_str(),
+                r.active() ? "active" : "inactive");
+  }
+  std::string pillText;
+  for (const auto& p : pills) pillText += (pillText.empty() ? "" : " ") + p;
+  std::printf("pills: %s\n", pillText.empty() ? "(none: f32 only)" : pillText.c_str());
+}
+
+}  // namespace
+
+void addCapsCommand(CLI::App& app, GlobalOptions& g) {
+  auto json = std::make_shared<bool>(false);
+  CLI::App* cmd = app.add_subcommand(
+      "caps", "Detected capabilities, each path's gate verdict, and the active paths");
+  cmd->add_flag("--json", *json, "Print the report as JSON");
+  cmd->callback([&g, json] { runCaps(g, *json); });
+}
+
+}  // namespace ptllm::app

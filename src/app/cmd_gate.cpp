@@ -1,0 +1,51 @@
+// ptllm gate [--json]: runs the gate of every selected, supported path and prints the spec's
+// console lines (on stderr as always, and on stdout). Exit code 0 once every gate has run,
+// whatever the verdicts: a FAIL is the gate doing its job.
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "app/commands.h"
+#include "core/error.h"
+#include "gate/paths.h"
+
+namespace ptllm::app {
+namespace {
+
+std::unique_ptr<Ops> opsForDevice(const std::string& device) {
+  if (device == "auto" || device == "cpu") return makeCpuOps();
+  fail("--device {}: only the cpu backend is available to this command", device);
+}
+
+void runGateCommand(const GlobalOptions& g, bool json) {
+  g.apply();
+  const PathSelection sel = PathSelection::parse(g.paths);
+  std::unique_ptr<Ops> ops = opsForDevice(g.device);
+  PathSet set(*ops, sel);
+  const std::vector<GateResult> results = set.results();
+  if (json) {
+    nlohmann::json j;
+    j["capabilities"] = set.capabilities().toJson();
+    j["backend"] = ops->name();
+    j["paths_selection"] = sel.toString();
+    nlohmann::json arr = nlohmann::json::array();
+    for (const auto& r : results) arr.push_back(toJson(r));
+    j["results"] = arr;
+    j["pills"] = set.activePills();
+    std::printf("%s\n", j.dump(2).c_str());
+    return;
+  }
+  for (const auto& r : results) std::printf("%s\n", consoleLine(r).c_str());
+}
+
+}  // namespace
+
+void addGateCommand(CLI::App& app, GlobalOptions& g) {
+  auto json = std::make_shared<bool>(false);
+  CLI::App* cmd = app.add_subcommand(
+      "gate", "Run every path's precision gate against the f32 reference and print the verdicts");
+  cmd->add_flag("--json", *json, "Print the results as JSON");
+  cmd->callback([&g, json] { runGateCommand(g, *json); });
+}
+
+}  // namespace ptllm::app

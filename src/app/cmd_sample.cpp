@@ -1,0 +1,52 @@
+// ptllm sample: stream generated text to stdout; gate lines and the status line go to stderr.
+#include <chrono>
+#include <cstdio>
+
+#include "app/commands.h"
+#include "app/engine.h"
+#include "core/error.h"
+#include "model/checkpoint.h"
+#include "model/sampler.h"
+
+namespace ptllm::app {
+
+void addSampleCommand(CLI::App& app, GlobalOptions& g) {
+  auto* cmd = app.add_subcommand("sample", "generate text from a checkpoint");
+  struct Args {
+    std::string model, prompt = "\n";
+    SampleOptions s;
+  };
+  auto a = std::make_shared<Args>();
+  cmd->add_option("--model", a->model, "checkpoint (default: the bundled Shakespeare model)");
+  cmd->add_option("--prompt", a->prompt, "text to continue");
+  cmd->add_option("--tokens", a->s.tokens, "characters to generate")->capture_default_str();
+  cmd->add_option("--temperature", a->s.temperature, "0: greedy")->capture_default_str();
+  cmd->add_option("--top-k", a->s.topK, "keep the k most likely (0: off)")->capture_default_str();
+  cmd->add_option("--top-p", a->s.topP, "nucleus sampling mass (1: off)")->capture_default_str();
+  cmd->add_option("--seed", a->s.seed, "sampling seed")->capture_default_str();
+  cmd->callback([a, &g] {
+    g.apply();
+    const auto t0 = std::chrono::steady_clock::now();
+    Engine engine = makeEngine(g);  // gates start now, in the background
+    const std::string path = a->model.empty() ? bundledModelPath() : a->model;
+    LoadedModel lm = loadCheckpoint(*engine.ops, path);
+    if (!lm.tokenizer) fail("{}: checkpoint has no character tokenizer; cannot encode a prompt", path);
+    const auto prompt = lm.tokenizer->encode(a->prompt, "--prompt");
+    if (prompt.empty()) fail("--prompt is empty");
+    Gpt2& model = *lm.model;
+    model.setPaths(engine.paths.get());
+    model.prepareForInference();  // waits for the gate, packs weights for the active path
+    const double warm = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::fprintf(stderr, "inference warmed up in %.1fs%s — ready to generate.\n", warm,
+                 engine.paths->statusClause().c_str());
+    std::fputs(a->prompt.c_str(), stdout);
+    Generator gen(model);
+    gen.generate(prompt, a->s, [&](int32_t t) {
+      std::fputs(lm.tokenizer->decode(t).c_str(), stdout);
+      std::fflush(stdout);
+    });
+    std::fputs("\n", stdout);
+  });
+}
+
+}  // namespace ptllm::app

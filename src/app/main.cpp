@@ -1,0 +1,39 @@
+// ptllm: train, fine-tune and sample GPT-2-style models; every fast path is gated.
+#include <cstdio>
+#include <exception>
+
+#include "app/commands.h"
+#include "core/error.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"ptllm — train, fine-tune and sample GPT-2-style models; fast paths are gated "
+               "against the f32 reference before they activate"};
+  app.require_subcommand(1);
+  app.fallthrough();  // global options may follow the subcommand
+  ptllm::app::GlobalOptions g;
+  app.add_option("--threads", g.threads, "worker threads (0: all cores)")->check(CLI::NonNegativeNumber);
+  app.add_option("--paths", g.paths, "fast paths: auto | f32 | NAME[,NAME]");
+  app.add_option("--device", g.device, "cpu | cuda | auto");
+  ptllm::app::addTrainCommand(app, g);
+  ptllm::app::addSampleCommand(app, g);
+  ptllm::app::addEvalCommand(app, g);
+  ptllm::app::addInfoCommand(app, g);
+  ptllm::app::addCapsCommand(app, g);
+  ptllm::app::addGateCommand(app, g);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const ptllm::Error& e) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "ptllm: error: %s\n", e.what());
+    return 1;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "ptllm: error: out of memory\n");
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ptllm: error: %s\n", e.what());
+    return 1;
+  }
+  return ptllm::app::exitCode;
+}

@@ -1,0 +1,38 @@
+// File helpers: whole-file reads with errors that name the file, and atomic writes
+// (temp file in the same directory, fsync, rename, fsync the directory) so that a crash or
+// Ctrl-C never leaves a half-written checkpoint or report behind.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace ptllm {
+
+std::string readTextFile(const std::string& path);
+std::vector<uint8_t> readBinaryFile(const std::string& path);
+
+// Writes `data` to `path` atomically. Throws ptllm::Error naming the path on failure.
+void writeFileAtomic(const std::string& path, std::string_view data);
+
+// Streams chunks to a temp file and renames it over `path` on commit(); the temp file is
+// removed if the writer is destroyed without commit().
+class AtomicFileWriter {
+ public:
+  explicit AtomicFileWriter(std::string path);
+  ~AtomicFileWriter();
+  AtomicFileWriter(const AtomicFileWriter&) = delete;
+  AtomicFileWriter& operator=(const AtomicFileWriter&) = delete;
+  void write(const void* data, size_t bytes);
+  void commit();
+
+ private:
+  std::string path_, tmp_;
+  int fd_ = -1;
+};
+
+bool fileExists(const std::string& path);
+bool isDirectory(const std::string& path);
+
+}  // namespace ptllm

@@ -1,0 +1,38 @@
+// The CPU backend's kernels (Highway SIMD, runtime dispatch; multithreaded through the core
+// pool). Each family lives in the file of its name next to the reference's file of the same
+// name in kernels/ref/. Shapes and semantics as in kernels/ops.h.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace ptllm::cpu {
+
+// matmul.cpp — canonical f32 matmuls (f32 multiply, f32 accumulate).
+void matmul(float* out, const float* in, const float* w, const float* bias, int M, int K, int N);
+void matmulAbt(float* out, const float* a, const float* b, int M, int K, int N, bool accumulate);
+void matmulAtb(float* out, const float* a, const float* b, int M, int K, int N, bool accumulate);
+void biasBackward(float* dbias, const float* dout, int M, int N);
+
+// matmul_f16.cpp — the f16-storage path: w packed once to IEEE binary16, products and sums f32.
+size_t f16PackedBytes(int K, int N);
+// Round-to-nearest-even conversion of w[K,N] into dst; false if any |w| overflows f16 (or is
+// NaN/Inf): the matrix is then ineligible and stays on f32.
+bool packF16(void* dst, const float* w, int K, int N);
+// out[M,N] = in[M,K] @ unpack(w16)[K,N] + bias[N]
+void matmulF16(float* out, const float* in, const void* w16, const float* bias, int M, int K,
+               int N);
+// Scalar conversions (exact IEEE semantics), used by the packer's tests and the references.
+uint16_t f32ToF16(float f);
+float f16ToF32(uint16_t h);
+
+// attention.cpp
+void attentionForward(float* out, float* att, const float* qkv, int B, int Tq, int Tk, int C,
+                      int NH);
+void attentionBackward(float* dqkv, const float* dout, const float* qkv, const float* att, int B,
+                       int T, int C, int NH);
+
+// Name of the SIMD target Highway dispatched to on this machine (e.g. "AVX3_ZEN4").
+const char* simdTargetName();
+
+}  // namespace ptllm::cpu

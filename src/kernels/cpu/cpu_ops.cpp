@@ -1,0 +1,236 @@
+// CpuOps: the CPU backend. Matmuls and attention are the Highway kernels of this folder; the
+// light row-wise ops are threaded loops over rows written for the compiler to vectorise.
+#include <cmath>
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "core/thread_pool.h"
+#include "kernels/cpu/cpu_kernels.h"
+#include "kernels/ops.h"
+#include "kernels/ref/ref_kernels.h"
+
+namespace ptllm {
+namespace {
+
+constexpr int64_t kElemGrain = 1 << 14;  // elementwise work per thread below which we stay serial
+
+float geluTanh(float x) {
+  const float u = 0.7978845608f * (x + 0.044715f * x * x * x);
+  return 0.5f * x * (1.0f + std::tanh(u));
+}
+
+class CpuOps final : public Ops {
+ public:
+  Device device() const override { return Device::CPU; }
+  const char* name() const override { return "cpu"; }
+  std::shared_ptr<Buffer> allocBytes(size_t bytes) override { return allocHost(bytes); }
+  void upload(Tensor& dst, const float* host) override {
+    std::memcpy(dst.data(), host, dst.bytes());
+  }
+  void download(float* host, const Tensor& src) override {
+    std::memcpy(host, src.data(), src.bytes());
+  }
+  void copy(float* dst, const float* src, int64_t n) override {
+    std::memmove(dst, src, size_t(n) * sizeof(float));
+  }
+  void fill(float* dst, float value, int64_t n) override {
+    pool().parallelFor(n, kElemGrain, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) dst[i] = value;
+    });
+  }
+
+  void matmul(float* out, const float* in, const float* w, const float* bias, int M, int K,
+              int N) override {
+    cpu::matmul(out, in, w, bias, M, K, N);
+  }
+  void matmulAbt(float* out, const float* a, const float* b, int M, int K, int N,
+                 bool accumulate) override {
+    cpu::matmulAbt(out, a, b, M, K, N, accumulate);
+  }
+  void matmulAtb(float* out, const float* a, const float* b, int M, int K, int N,
+                 bool accumulate) override {
+    cpu::matmulAtb(out, a, b, M, K, N, accumulate);
+  }
+  void biasBackward(float* dbias, const float* dout, int M, int N) override {
+    cpu::biasBackward(dbias, dout, M, N);
+  }
+
+  void add(float* out, const float* a, const float* b, int64_t n) override {
+    pool().parallelFor(n, kElemGrain, [&](int64_t s, int64_t e) {
+      for (int64_t i = s; i < e; ++i) out[i] = a[i] + b[i];
+    });
+  }
+
+  void layernormForward(float* out, float* mean, float* rstd, const float* in, const float* w,
+                        const float* b, int M, int C) override {
+    pool().parallelFor(M, 16, [&](int64_t r0, int64_t r1) {
+      for (int64_t m = r0; m < r1; ++m) {
+        const float* x = in + m * C;
+        float s = 0;
+        for (int c = 0; c < C; ++c) s += x[c];
+        const float mu = s / C;
+        float v = 0;
+        for (int c = 0; c < C; ++c) v += (x[c] - mu) * (x[c] - mu);
+        const float rs = 1.0f / std::sqrt(v / C + 1e-5f);
+        float* y = out + m * C;
+        for (int c = 0; c < C; ++c) y[c] = (x[c] - mu) * rs * w[c] + b[c];
+        if (mean) mean[m] = mu;
+        if (rstd) rstd[m] = rs;
+      }
+    });
+  }
+
+  void layernormBackward(float* din, float* dw, float* db, const float* dout, const float* in,
+                         const float* w, const float* mean, const float* rstd, int M,
+                         int C) override {
+    // din per row in parallel; dw/db reduced over rows per thread, then summed.
+    const int threads = threadCount();
+    std::vector<float> part(size_t(threads) * 2 * C, 0.0f);
+    pool().run(threads, [&](int t) {
+      const int64_t r0 = int64_t(M) * t / threads, r1 = int64_t(M) * (t + 1) / threads;
+      float* pdw = part.data() + size_t(t) * 2 * C;
+      float* pdb = pdw + C;
+      for (int64_t m = r0; m < r1; ++m) {
+        const float* x = in + m * C;
+        const float* dy = dout + m * C;
+        const float mu = mean[m], rs = rstd[m];
+        float dnMean = 0, dnNormMean = 0;
+        for (int c = 0; c < C; ++c) {
+          const float norm = (x[c] - mu) * rs, dn = w[c] * dy[c];
+          dnMean += dn;
+          dnNormMean += dn * norm;
+        }
+        dnMean /= C;
+        dnNormMean /= C;
+        float* dx = din + m * C;
+        for (int c = 0; c < C; ++c) {
+          const float norm = (x[c] - mu) * rs, dn = w[c] * dy[c];
+          pdb[c] += dy[c];
+          pdw[c] += norm * dy[c];
+          dx[c] += (dn - dnMean - norm * dnNormMean) * rs;
+        }
+      }
+    });
+    for (int t = 0; t < threads; ++t)
+      for (int c = 0; c < C; ++c) {
+        dw[c] += part[size_t(t) * 2 * C + c];
+        db[c] += part[size_t(t) * 2 * C + C + c];
+      }
+  }
+
+  void geluForward(float* out, const float* in, int64_t n) override {
+    pool().parallelFor(n, kElemGrain / 4, [&](int64_t s, int64_t e) {
+      for (int64_t i = s; i < e; ++i) out[i] = geluTanh(in[i]);
+    });
+  }
+  void geluBackward(float* din, const float* in, const float* dout, int64_t n) override {
+    pool().parallelFor(n, kElemGrain / 4, [&](int64_t s, int64_t e) {
+      for (int64_t i = s; i < e; ++i) {
+        const float x = in[i];
+        const float u = 0.7978845608f * (x + 0.044715f * x * x * x);
+        const float th = std::tanh(u);
+        const float g = 0.5f * (1.0f + th) +
+                        0.5f * x * (1.0f - th * th) * 0.7978845608f * (1.0f + 0.134145f * x * x);
+        din[i] = g * dout[i];
+      }
+    });
+  }
+
+  void attentionForward(float* out, float* att, const float* qkv, int B, int Tq, int Tk, int C,
+                        int NH) override {
+    cpu::attentionForward(out, att, qkv, B, Tq, Tk, C, NH);
+  }
+  void attentionBackward(float* dqkv, const float* dout, const float* qkv, const float* att,
+                         int B, int T, int C, int NH) override {
+    cpu::attentionBackward(dqkv, dout, qkv, att, B, T, C, NH);
+  }
+
+  void embeddingForward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
+                        int B, int T, int C, int pos0) override {
+    pool().parallelFor(int64_t(B) * T, 64, [&](int64_t s, int64_t e) {
+      for (int64_t i = s; i < e; ++i) {
+        const float* te = wte + int64_t(tokens[i]) * C;
+        const float* pe = wpe + (pos0 + i % T) * int64_t(C);
+        float* o = out + i * C;
+        for (int c = 0; c < C; ++c) o[c] = te[c] + pe[c];
+      }
+    });
+  }
+  void embeddingBackward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B,
+                         int T, int C) override {
+    // Split over channels so no two threads write the same row element.
+    pool().parallelFor(C, 16, [&](int64_t c0, int64_t c1) {
+      for (int64_t i = 0; i < int64_t(B) * T; ++i) {
+        const float* d = dout + i * C;
+        float* te = dwte + int64_t(tokens[i]) * C;
+        float* pe = dwpe + (i % T) * C;
+        for (int64_t c = c0; c < c1; ++c) {
+          te[c] += d[c];
+          pe[c] += d[c];
+        }
+      }
+    });
+  }
+
+  void crossEntropy(float* losses, float* dlogits, const float* logits, const int32_t* targets,
+                    int M, int V, float dscale) override {
+    pool().parallelFor(M, 8, [&](int64_t r0, int64_t r1) {
+      for (int64_t m = r0; m < r1; ++m) {
+        const float* x = logits + m * V;
+        const int tgt = targets[m];
+        float mx = -INFINITY;
+        for (int v = 0; v < V; ++v) mx = std::max(mx, x[v]);
+        double sum = 0;
+        for (int v = 0; v < V; ++v) sum += std::exp(x[v] - mx);
+        const float logZ = mx + float(std::log(sum));
+        losses[m] = tgt < 0 ? 0.0f : logZ - x[tgt];
+        if (dlogits) {
+          float* d = dlogits + m * V;
+          for (int v = 0; v < V; ++v) {
+            const float p = std::exp(x[v] - logZ);
+            d[v] = tgt < 0 ? 0.0f : (p - (v == tgt ? 1.0f : 0.0f)) * dscale;
+          }
+        }
+      }
+    });
+  }
+
+  double sumSquares(const float* x, int64_t n) override {
+    const int threads = threadCount();
+    std::vector<double> part(threads, 0.0);
+    pool().run(threads, [&](int t) {
+      const int64_t s = n * t / threads, e = n * (t + 1) / threads;
+      double acc = 0;
+      for (int64_t i = s; i < e; ++i) acc += double(x[i]) * x[i];
+      part[t] = acc;
+    });
+    double s = 0;
+    for (double p : part) s += p;
+    return s;
+  }
+  void scale(float* x, float s, int64_t n) override {
+    pool().parallelFor(n, kElemGrain, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) x[i] *= s;
+    });
+  }
+  void adamw(float* p, const float* g, float* m, float* v, int64_t n, float lr, float beta1,
+             float beta2, float eps, float wd, int t) override {
+    const float c1 = float(1.0 - std::pow(double(beta1), t));
+    const float c2 = float(1.0 - std::pow(double(beta2), t));
+    pool().parallelFor(n, kElemGrain, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) {
+        m[i] = beta1 * m[i] + (1.0f - beta1) * g[i];
+        v[i] = beta2 * v[i] + (1.0f - beta2) * g[i] * g[i];
+        const float mhat = m[i] / c1, vhat = v[i] / c2;
+        p[i] -= lr * (mhat / (std::sqrt(vhat) + eps) + wd * p[i]);
+      }
+    });
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Ops> makeCpuOps() { return std::make_unique<CpuOps>(); }
+
+}  // namespace ptllm

@@ -1,0 +1,462 @@
+// Canonical CPU f32 matmuls (f32 multiply, f32 FMA accumulate), Highway runtime dispatch.
+//
+// GEMM (M > kGemvRows, and all of matmulAbt/matmulAtb): GotoBLAS-style blocking. Per thread,
+// a KC x NC block of B is packed into NR-wide k-major panels (zero padded past N) and an
+// MC x KC block of A into MR-row k-major panels (zero padded past M); an MR x NR register tile
+// (MR rows x NV vectors) then runs over each panel pair. Packing absorbs the transposes of
+// matmulAbt (B = b^T) and matmulAtb (A = a^T), and the f16 -> f32 promotion of matmulF16's
+// B, so one micro-kernel serves all of them. Work is split over the pool by rows of C or by
+// columns of C, whichever duplicates less packing.
+// GEMV (matmul with M <= kGemvRows, the decode path): streams w[K,N] once, row after row,
+// accumulating into the output rows (kept in L1 by 1024-column sub-blocks); the columns are
+// split over the pool.
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include "core/thread_pool.h"
+#include "kernels/cpu/cpu_kernels.h"
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kernels/cpu/matmul.cpp"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
+
+#ifndef PTLLM_KERNELS_CPU_MATMUL_ONCE
+#define PTLLM_KERNELS_CPU_MATMUL_ONCE
+#include <hwy/aligned_allocator.h>
+
+namespace ptllm::cpu::detail {
+
+// Where B comes from: row-major [K,N] f32, transposed ([N,K], matmulAbt) or row-major f16.
+enum class BSrc { kRowMajor, kTransposed, kF16 };
+
+// Growable 64-byte aligned per-thread scratch (pool workers are long-lived).
+struct Scratch {
+  float* get(size_t n) {
+    if (n > cap) {
+      buf = hwy::AllocateAligned<float>(n);
+      cap = n;
+    }
+    return buf.get();
+  }
+  hwy::AlignedFreeUniquePtr<float[]> buf;
+  size_t cap = 0;
+};
+inline thread_local Scratch tlsA, tlsB;
+
+// Used by matmul_f16.cpp for M above its GEMV rows: out = in @ f16(w16)[K,N] + bias.
+void matmulF16Gemm(float* out, const float* in, const uint16_t* w16, const float* bias, int M,
+                   int K, int N);
+
+}  // namespace ptllm::cpu::detail
+#endif
+
+HWY_BEFORE_NAMESPACE();
+namespace ptllm::cpu::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+using detail::BSrc;
+
+using DF = hn::ScalableTag<float>;
+using VF = hn::Vec<DF>;
+
+#if HWY_TARGET <= HWY_AVX3
+constexpr int kMR = 8, kNV = 2;  // 16 accumulators of 32 zmm registers
+#else
+constexpr int kMR = 6, kNV = 2;  // 12 accumulators of 16 ymm/xmm registers
+#endif
+constexpr int kKC = 256;  // k depth of a block: A panel MR*KC*4 = 8 KiB, B panel KC*NR*4 in L1
+constexpr int kMC = kMR * 16;
+constexpr int kGemvRows = 4;
+
+// A(m,k) = a[m*am + k*ak] for rows [m0, m0+mc), k in [k0, k0+kc) -> MR-row panels
+// ap[panel][k][MR], zero padded past mc.
+HWY_NOINLINE void PackA(float* HWY_RESTRICT ap, const float* HWY_RESTRICT a, int64_t am, int64_t ak,
+                        int m0, int mc, int k0, int kc) {
+  for (int p = 0; p < mc; p += kMR) {
+    float* dst = ap + (int64_t)p * kc;
+    const int rows = std::min(kMR, mc - p);
+    if (ak == 1) {
+      for (int i = 0; i < rows; ++i) {
+        const float* src = a + (int64_t)(m0 + p + i) * am + k0;
+        for (int k = 0; k < kc; ++k) dst[k * kMR + i] = src[k];
+      }
+    } else {  // am == 1 (matmulAtb): each k's MR values are contiguous
+      for (int k = 0; k < kc; ++k) {
+        const float* src = a + (int64_t)(k0 + k) * ak + m0 + p;
+        for (int i = 0; i < rows; ++i) dst[k * kMR + i] = src[i];
+      }
+    }
+    if (rows < kMR)
+      for (int k = 0; k < kc; ++k)
+        for (int i = rows; i < kMR; ++i) dst[k * kMR + i] = 0.0f;
+  }
+}
+
+// B(k,n) for k in [k0, k0+kc), n in [n0, n0+nc) -> NR-wide panels bp[panel][k][NR], zero
+// padded past nc. ldb: row stride of the source ([K,N]: N; transposed [N,K]: K).
+template <BSrc kSrc>
+HWY_NOINLINE void PackB(float* HWY_RESTRICT bp, const void* HWY_RESTRICT bsrc, int64_t ldb, int n0,
+                        int nc, int k0, int kc) {
+  const DF d;
+  const int L = (int)hn::Lanes(d);
+  const int NR = kNV * L;
+  for (int p = 0; p < nc; p += NR) {
+    float* dst = bp + (int64_t)p * kc;
+    const int cols = std::min(NR, nc - p);
+    if constexpr (kSrc == BSrc::kTransposed) {
+      const float* b = static_cast<const float*>(bsrc);
+      for (int j = 0; j < cols; ++j) {
+        const float* src = b + (int64_t)(n0 + p + j) * ldb + k0;
+        for (int k = 0; k < kc; ++k) dst[k * NR + j] = src[k];
+      }
+      if (cols < NR)
+        for (int k = 0; k < kc; ++k)
+          for (int j = cols; j < NR; ++j) dst[k * NR + j] = 0.0f;
+    } else {
+      const int full = cols / L * L;
+      for (int k = 0; k < kc; ++k) {
+        float* drow = dst + (int64_t)k * NR;
+        int j = 0;
+        if constexpr (kSrc == BSrc::kRowMajor) {
+          const float* src = static_cast<const float*>(bsrc) + (int64_t)(k0 + k) * ldb + n0 + p;
+          for (; j < full; j += L) hn::Store(hn::LoadU(d, src + j), d, drow + j);
+          for (; j < cols; ++j) drow[j] = src[j];
+        } else {
+          const hn::Rebind<hwy::float16_t, DF> dh;
+          const uint16_t* src =
+              static_cast<const uint16_t*>(bsrc) + (int64_t)(k0 + k) * ldb + n0 + p;
+          for (; j < full; j += L)
+            hn::Store(
+                hn::PromoteTo(d, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(src + j))),
+                d, drow + j);
+          for (; j < cols; ++j) drow[j] = f16ToF32(src[j]);
+        }
+        for (; j < NR; ++j) drow[j] = 0.0f;
+      }
+    }
+  }
+}
+
+// C[rows<=MR, cols<=NR] (=/+=) ap[kc][MR] @ bp[kc][NR]. mode 0: C = acc (+ bias); 1: C += acc.
+HWY_INLINE void MicroKernel(const float* HWY_RESTRICT ap, const float* HWY_RESTRICT bp, int kc,
+                            float* HWY_RESTRICT c, int64_t ldc, int rows, int cols, bool add,
+                            const float* HWY_RESTRICT bias) {
+  const DF d;
+  const int L = (int)hn::Lanes(d);
+  const int NR = kNV * L;
+  VF acc[kMR][kNV];
+#pragma GCC unroll 16
+  for (int i = 0; i < kMR; ++i)
+#pragma GCC unroll 4
+    for (int v = 0; v < kNV; ++v) acc[i][v] = hn::Zero(d);
+  for (int k = 0; k < kc; ++k) {
+    VF b[kNV];
+#pragma GCC unroll 4
+    for (int v = 0; v < kNV; ++v) b[v] = hn::Load(d, bp + (int64_t)k * NR + v * L);
+#pragma GCC unroll 16
+    for (int i = 0; i < kMR; ++i) {
+      const VF a = hn::Set(d, ap[k * kMR + i]);
+#pragma GCC unroll 4
+      for (int v = 0; v < kNV; ++v) acc[i][v] = hn::MulAdd(a, b[v], acc[i][v]);
+    }
+  }
+  if (cols == NR) {
+    VF bv[kNV];
+#pragma GCC unroll 4
+    for (int v = 0; v < kNV; ++v) bv[v] = bias ? hn::LoadU(d, bias + v * L) : hn::Zero(d);
+#pragma GCC unroll 16
+    for (int i = 0; i < kMR; ++i) {
+      if (i >= rows) break;
+      float* cr = c + i * ldc;
+#pragma GCC unroll 4
+      for (int v = 0; v < kNV; ++v) {
+        const VF base = add ? hn::LoadU(d, cr + v * L) : bv[v];
+        hn::StoreU(hn::Add(base, acc[i][v]), d, cr + v * L);
+      }
+    }
+  } else {  // partial columns: masked loads/stores never touch memory past cols
+#pragma GCC unroll 16
+    for (int i = 0; i < kMR; ++i) {
+      if (i >= rows) break;
+      float* cr = c + i * ldc;
+#pragma GCC unroll 4
+      for (int v = 0; v < kNV; ++v) {
+        const int left = cols - v * L;
+        if (left <= 0) break;
+        const auto m = hn::FirstN(d, std::min(left, L));
+        VF base = hn::Zero(d);
+        if (add)
+          base = hn::MaskedLoad(m, d, cr + v * L);
+        else if (bias)
+          base = hn::MaskedLoad(m, d, bias + v * L);
+        hn::BlendedStore(hn::Add(base, acc[i][v]), m, d, cr + v * L);
+      }
+    }
+  }
+}
+
+// C[m0:m1, n0:n1] (=/+=) A @ B (+ bias), A(m,k) = a[m*am + k*ak], B as kSrc.
+template <BSrc kSrc>
+void GemmRange(float* c, const float* a, int64_t am, int64_t ak, const void* b, int64_t ldb,
+               const float* bias, int M, int K, int N, bool accumulate, int m0, int m1, int n0,
+               int n1) {
+  (void)M;
+  const DF d;
+  const int NR = kNV * (int)hn::Lanes(d);
+  constexpr int kNC = 1536;  // B block KC x NC <= 1.5 MiB, streamed from L2/L3 panel by panel
+  const int kcMax = std::min(K, kKC);
+  const int ncMax = std::min(n1 - n0, kNC);
+  float* bp = detail::tlsB.get((size_t)kcMax * ((ncMax + NR - 1) / NR * NR));
+  float* ap = detail::tlsA.get((size_t)kcMax * std::min(kMC, (m1 - m0 + kMR - 1) / kMR * kMR));
+  for (int nc0 = n0; nc0 < n1; nc0 += kNC) {
+    const int nc = std::min(kNC, n1 - nc0);
+    for (int k0 = 0; k0 < K; k0 += kKC) {
+      const int kc = std::min(kKC, K - k0);
+      const bool add = accumulate || k0 > 0;
+      const float* bb = (k0 == 0 && bias) ? bias : nullptr;
+      PackB<kSrc>(bp, b, ldb, nc0, nc, k0, kc);
+      for (int mc0 = m0; mc0 < m1; mc0 += kMC) {
+        const int mc = std::min(kMC, m1 - mc0);
+        PackA(ap, a, am, ak, mc0, mc, k0, kc);
+        for (int jp = 0; jp < nc; jp += NR) {
+          const float* bpan = bp + (int64_t)jp * kc;
+          const int cols = std::min(NR, nc - jp);
+          for (int ip = 0; ip < mc; ip += kMR) {
+            MicroKernel(ap + (int64_t)ip * kc, bpan, kc, c + (int64_t)(mc0 + ip) * N + nc0 + jp, N,
+                        std::min(kMR, mc - ip), cols, add, bb ? bb + nc0 + jp : nullptr);
+          }
+        }
+      }
+    }
+  }
+}
+
+template <BSrc kSrc>
+void Gemm(float* c, const float* a, int64_t am, int64_t ak, const void* b, int64_t ldb,
+          const float* bias, int M, int K, int N, bool accumulate) {
+  if (M <= 0 || N <= 0) return;
+  if (K <= 0) {  // empty sum: C = bias (or 0), or unchanged when accumulating
+    if (!accumulate)
+      for (int m = 0; m < M; ++m)
+        for (int n = 0; n < N; ++n) c[(int64_t)m * N + n] = bias ? bias[n] : 0.0f;
+    return;
+  }
+  const DF d;
+  const int NR = kNV * (int)hn::Lanes(d);
+  const int T = threadCount();
+  const int mPanels = (M + kMR - 1) / kMR, nPanels = (N + NR - 1) / NR;
+  const double flops = 2.0 * M * N * K;
+  // Split columns when rows are fewer (each thread then packs only its share of B; it packs
+  // all of A), rows otherwise.
+  const bool splitN = (M < N && nPanels >= 2 * T) || mPanels < 2 * T;
+  const int64_t units = (T == 1 || flops < 2e6) ? 1 : (splitN ? nPanels : mPanels);
+  pool().parallelFor(units, 1, [&](int64_t u0, int64_t u1) {
+    if (units == 1)
+      GemmRange<kSrc>(c, a, am, ak, b, ldb, bias, M, K, N, accumulate, 0, M, 0, N);
+    else if (splitN)
+      GemmRange<kSrc>(c, a, am, ak, b, ldb, bias, M, K, N, accumulate, 0, M, (int)u0 * NR,
+                      (int)std::min<int64_t>(u1 * NR, N));
+    else
+      GemmRange<kSrc>(c, a, am, ak, b, ldb, bias, M, K, N, accumulate, (int)u0 * kMR,
+                      (int)std::min<int64_t>(u1 * kMR, M), 0, N);
+  });
+}
+
+// out[R,N] = in[R,K] @ w[K,N] + bias for R <= kGemvRows: streams w once, four k rows at a time.
+template <int R>
+void GemvRows(float* out, const float* in, const float* w, const float* bias, int K, int N) {
+  const DF d;
+  const int L = (int)hn::Lanes(d);
+  constexpr int kCB = 1024;  // output sub-block: R x 4 KiB stays in L1 while w streams through
+  const int64_t nBlocks = (N + 63) / 64;
+  const int64_t grain = std::max<int64_t>(1, 4096 / std::max(K, 1));  // >= ~256K MACs a task
+  pool().parallelFor(nBlocks, grain, [&](int64_t b0, int64_t b1) {
+    const int nb = (int)(b0 * 64), ne = (int)std::min<int64_t>(b1 * 64, N);
+    for (int s0 = nb; s0 < ne; s0 += kCB) {
+      const int s1 = std::min(ne, s0 + kCB);
+      const int vend = s0 + (s1 - s0) / L * L;
+      for (int r = 0; r < R; ++r)
+        for (int n = s0; n < s1; ++n) out[(int64_t)r * N + n] = bias ? bias[n] : 0.0f;
+      int k = 0;
+      for (; k + 4 <= K; k += 4) {
+        const float* w0 = w + (int64_t)k * N;
+        const float* w1 = w0 + N;
+        const float* w2 = w1 + N;
+        const float* w3 = w2 + N;
+        VF x[R][4];
+        for (int r = 0; r < R; ++r)
+          for (int j = 0; j < 4; ++j) x[r][j] = hn::Set(d, in[(int64_t)r * K + k + j]);
+        for (int n = s0; n < vend; n += L) {
+          const VF v0 = hn::LoadU(d, w0 + n), v1 = hn::LoadU(d, w1 + n);
+          const VF v2 = hn::LoadU(d, w2 + n), v3 = hn::LoadU(d, w3 + n);
+          for (int r = 0; r < R; ++r) {
+            float* o = out + (int64_t)r * N + n;
+            VF acc = hn::MulAdd(x[r][0], v0, hn::LoadU(d, o));
+            acc = hn::MulAdd(x[r][1], v1, acc);
+            acc = hn::MulAdd(x[r][2], v2, acc);
+            hn::StoreU(hn::MulAdd(x[r][3], v3, acc), d, o);
+          }
+        }
+        for (int n = vend; n < s1; ++n)
+          for (int r = 0; r < R; ++r) {
+            const float* xr = in + (int64_t)r * K + k;
+            out[(int64_t)r * N + n] +=
+                xr[0] * w0[n] + xr[1] * w1[n] + xr[2] * w2[n] + xr[3] * w3[n];
+          }
+      }
+      for (; k < K; ++k) {
+        const float* w0 = w + (int64_t)k * N;
+        for (int r = 0; r < R; ++r) {
+          const float xv = in[(int64_t)r * K + k];
+          const VF x = hn::Set(d, xv);
+          float* o = out + (int64_t)r * N;
+          int n = s0;
+          for (; n < vend; n += L)
+            hn::StoreU(hn::MulAdd(x, hn::LoadU(d, w0 + n), hn::LoadU(d, o + n)), d, o + n);
+          for (; n < s1; ++n) o[n] += xv * w0[n];
+        }
+      }
+    }
+  });
+}
+
+void MatmulT(float* out, const float* in, const float* w, const float* bias, int M, int K, int N) {
+  switch (M) {
+    case 1:
+      return GemvRows<1>(out, in, w, bias, K, N);
+    case 2:
+      return GemvRows<2>(out, in, w, bias, K, N);
+    case 3:
+      return GemvRows<3>(out, in, w, bias, K, N);
+    case 4:
+      return GemvRows<4>(out, in, w, bias, K, N);
+    default:
+      return Gemm<BSrc::kRowMajor>(out, in, K, 1, w, N, bias, M, K, N, false);
+  }
+}
+
+// out[R,N] (+)= a[R,K] @ b[N,K]^T for R <= kGemvRows (decode logits): dot products, 4 b rows
+// at a time, streaming b once.
+template <int R>
+void AbtRows(float* out, const float* a, const float* b, int K, int N, bool accumulate) {
+  const DF d;
+  const int L = (int)hn::Lanes(d);
+  const int kend = K / L * L;
+  const int64_t grain = std::max<int64_t>(1, 65536 / std::max(K, 1));
+  pool().parallelFor(N, grain, [&](int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; n += 4) {
+      const int nn = (int)std::min<int64_t>(4, n1 - n);
+      const float* br[4];
+      for (int j = 0; j < 4; ++j) br[j] = b + (n + std::min(j, nn - 1)) * K;  // clamp: no OOB
+      VF acc[R][4];
+      for (int r = 0; r < R; ++r)
+        for (int j = 0; j < 4; ++j) acc[r][j] = hn::Zero(d);
+      for (int k = 0; k < kend; k += L) {
+        VF bv[4];
+        for (int j = 0; j < 4; ++j) bv[j] = hn::LoadU(d, br[j] + k);
+        for (int r = 0; r < R; ++r) {
+          const VF av = hn::LoadU(d, a + (int64_t)r * K + k);
+          for (int j = 0; j < 4; ++j) acc[r][j] = hn::MulAdd(av, bv[j], acc[r][j]);
+        }
+      }
+      for (int r = 0; r < R; ++r)
+        for (int j = 0; j < nn; ++j) {
+          float s = hn::GetLane(hn::SumOfLanes(d, acc[r][j]));
+          for (int k = kend; k < K; ++k) s += a[(int64_t)r * K + k] * br[j][k];
+          float& o = out[(int64_t)r * N + n + j];
+          o = accumulate ? o + s : s;
+        }
+    }
+  });
+}
+
+void MatmulAbtT(float* out, const float* a, const float* b, int M, int K, int N, bool accumulate) {
+  switch (M) {
+    case 1:
+      return AbtRows<1>(out, a, b, K, N, accumulate);
+    case 2:
+      return AbtRows<2>(out, a, b, K, N, accumulate);
+    case 3:
+      return AbtRows<3>(out, a, b, K, N, accumulate);
+    case 4:
+      return AbtRows<4>(out, a, b, K, N, accumulate);
+    default:
+      return Gemm<BSrc::kTransposed>(out, a, K, 1, b, K, nullptr, M, K, N, accumulate);
+  }
+}
+
+void MatmulAtbT(float* out, const float* a, const float* b, int M, int K, int N, bool accumulate) {
+  Gemm<BSrc::kRowMajor>(out, a, 1, M, b, N, nullptr, M, K, N, accumulate);
+}
+
+void MatmulF16GemmT(float* out, const float* in, const uint16_t* w16, const float* bias, int M,
+                    int K, int N) {
+  Gemm<BSrc::kF16>(out, in, K, 1, w16, N, bias, M, K, N, false);
+}
+
+// dbias[N] += column sums of dout[M,N]; columns split over the pool, rows summed in f32
+// vectors 4 at a time.
+void BiasBackwardT(float* dbias, const float* dout, int M, int N) {
+  const DF d;
+  const int L = (int)hn::Lanes(d);
+  const int64_t nBlocks = (N + 63) / 64;
+  const int64_t grain = std::max<int64_t>(1, 16384 / std::max(M, 1));
+  pool().parallelFor(nBlocks, grain, [&](int64_t b0, int64_t b1) {
+    const int nb = (int)(b0 * 64), ne = (int)std::min<int64_t>(b1 * 64, N);
+    int n = nb;
+    for (; n + L <= ne; n += L) {
+      VF s0 = hn::Zero(d), s1 = hn::Zero(d), s2 = hn::Zero(d), s3 = hn::Zero(d);
+      int m = 0;
+      for (; m + 4 <= M; m += 4) {
+        const float* p = dout + (int64_t)m * N + n;
+        s0 = hn::Add(s0, hn::LoadU(d, p));
+        s1 = hn::Add(s1, hn::LoadU(d, p + N));
+        s2 = hn::Add(s2, hn::LoadU(d, p + 2 * N));
+        s3 = hn::Add(s3, hn::LoadU(d, p + 3 * N));
+      }
+      for (; m < M; ++m) s0 = hn::Add(s0, hn::LoadU(d, dout + (int64_t)m * N + n));
+      const VF s = hn::Add(hn::Add(s0, s1), hn::Add(s2, s3));
+      hn::StoreU(hn::Add(s, hn::LoadU(d, dbias + n)), d, dbias + n);
+    }
+    for (; n < ne; ++n) {
+      float s = 0;
+      for (int m = 0; m < M; ++m) s += dout[(int64_t)m * N + n];
+      dbias[n] += s;
+    }
+  });
+}
+
+}  // namespace ptllm::cpu::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace ptllm::cpu {
+
+HWY_EXPORT(MatmulT);
+HWY_EXPORT(MatmulAbtT);
+HWY_EXPORT(MatmulAtbT);
+HWY_EXPORT(MatmulF16GemmT);
+HWY_EXPORT(BiasBackwardT);
+
+void matmul(float* out, const float* in, const float* w, const float* bias, int M, int K, int N) {
+  HWY_DYNAMIC_DISPATCH(MatmulT)(out, in, w, bias, M, K, N);
+}
+void matmulAbt(float* out, const float* a, const float* b, int M, int K, int N, bool accumulate) {
+  HWY_DYNAMIC_DISPATCH(MatmulAbtT)(out, a, b, M, K, N, accumulate);
+}
+void matmulAtb(float* out, const float* a, const float* b, int M, int K, int N, bool accumulate) {
+  HWY_DYNAMIC_DISPATCH(MatmulAtbT)(out, a, b, M, K, N, accumulate);
+}
+void biasBackward(float* dbias, const float* dout, int M, int N) {
+  if (M <= 0 || N <= 0) return;
+  HWY_DYNAMIC_DISPATCH(BiasBackwardT)(dbias, dout, M, N);
+}
+
+void detail::matmulF16Gemm(float* out, const float* in, const uint16_t* w16, const float* bias,
+                           int M, int K, int N) {
+  HWY_DYNAMIC_DISPATCH(MatmulF16GemmT)(out, in, w16, bias, M, K, N);
+}
+
+}  // namespace ptllm::cpu
+#endif  // HWY_ONCE

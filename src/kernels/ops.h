@@ -1,0 +1,102 @@
+// The ops interface: every op the model uses, with shapes in the comments. A backend (CPU,
+// CUDA) implements it over pointers into its own memory (Tensor buffers it allocated), so the
+// model never touches data directly and weights, activations and KV caches can live on a
+// device. Gated fast paths for the forward linear layers are not methods here: they are
+// entries of the path registry (kernels/registry.h), picked per call by the model.
+//
+// Conventions: row-major; linear weights use the GPT-2 Conv1D layout w[K,N] = [in, out].
+// "(+=)" marks outputs that accumulate into what is there; all other outputs are overwritten.
+// Token and target ids (int32) are host pointers; a device backend copies them (they are small).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "core/tensor.h"
+
+namespace ptllm {
+
+class Ops {
+ public:
+  virtual ~Ops() = default;
+  virtual Device device() const = 0;
+  virtual const char* name() const = 0;
+
+  // Memory in this backend's address space (zero-filled).
+  virtual std::shared_ptr<Buffer> allocBytes(size_t bytes) = 0;
+  Tensor alloc(const Shape& shape) {
+    return Tensor(shape, allocBytes(static_cast<size_t>(numelOf(shape)) * sizeof(float)));
+  }
+  virtual void upload(Tensor& dst, const float* host) = 0;      // host -> dst (dst.numel())
+  virtual void download(float* host, const Tensor& src) = 0;    // src -> host
+  virtual void copy(float* dst, const float* src, int64_t n) = 0;
+  virtual void fill(float* dst, float value, int64_t n) = 0;
+
+  // ---- matmuls ----
+  // out[M,N] = in[M,K] @ w[K,N] + bias[N]   (bias may be null). The canonical f32 forward.
+  virtual void matmul(float* out, const float* in, const float* w, const float* bias, int M, int K,
+                      int N) = 0;
+  // out[M,N] (+=) a[M,K] @ b[N,K]^T     backward dIn = dOut @ W^T; the tied head's logits.
+  virtual void matmulAbt(float* out, const float* a, const float* b, int M, int K, int N,
+                         bool accumulate) = 0;
+  // out[M,N] (+=) a[K,M]^T @ b[K,N]     backward dW = In^T @ dOut.
+  virtual void matmulAtb(float* out, const float* a, const float* b, int M, int K, int N,
+                         bool accumulate) = 0;
+  // dbias[N] += sum over m of dout[m,N]
+  virtual void biasBackward(float* dbias, const float* dout, int M, int N) = 0;
+
+  // ---- elementwise / normalisation ----
+  // out[n] = a[n] + b[n]   (out may alias a or b)
+  virtual void add(float* out, const float* a, const float* b, int64_t n) = 0;
+  // out[M,C] = (in - mean) * rstd * w + b ; saves mean[M], rstd[M] (either may be null). eps 1e-5.
+  virtual void layernormForward(float* out, float* mean, float* rstd, const float* in,
+                                const float* w, const float* b, int M, int C) = 0;
+  // din[M,C] (+=), dw[C] (+=), db[C] (+=) from dout[M,C] and the saved forward statistics.
+  virtual void layernormBackward(float* din, float* dw, float* db, const float* dout,
+                                 const float* in, const float* w, const float* mean,
+                                 const float* rstd, int M, int C) = 0;
+  // GELU, tanh approximation. out may alias in.
+  virtual void geluForward(float* out, const float* in, int64_t n) = 0;
+  // din[n] = dout[n] * gelu'(in[n])   (din may alias dout)
+  virtual void geluBackward(float* din, const float* in, const float* dout, int64_t n) = 0;
+
+  // ---- attention ----
+  // Causal multi-head self-attention over a fused qkv. Queries are the last Tq of the Tk
+  // positions (Tq == Tk when training; Tq == 1 when decoding with the KV cache).
+  //   qkv[B,Tk,3C] (q | k | v per position), out[B,Tq,C], att[B,NH,Tq,Tk] (softmax probs,
+  //   saved for backward; masked entries are 0).
+  virtual void attentionForward(float* out, float* att, const float* qkv, int B, int Tq, int Tk,
+                                int C, int NH) = 0;
+  // Training form (Tq == Tk == T). dqkv[B,T,3C] (=).
+  virtual void attentionBackward(float* dqkv, const float* dout, const float* qkv,
+                                 const float* att, int B, int T, int C, int NH) = 0;
+
+  // ---- embeddings and loss ----
+  // out[B,T,C] = wte[tok[b,t]] + wpe[pos0 + t]
+  virtual void embeddingForward(float* out, const int32_t* tokens, const float* wte,
+                                const float* wpe, int B, int T, int C, int pos0) = 0;
+  // dwte[V,C] (+=), dwpe[T,C] (+=) from dout[B,T,C]
+  virtual void embeddingBackward(float* dwte, float* dwpe, const float* dout,
+                                 const int32_t* tokens, int B, int T, int C) = 0;
+  // Softmax cross-entropy over logits[M,V]: losses[M] = -log p[target]; when dlogits is not
+  // null, dlogits[M,V] = (p - onehot(target)) * dscale (dlogits may alias logits).
+  // A target < 0 is ignored (loss 0, zero gradient).
+  virtual void crossEntropy(float* losses, float* dlogits, const float* logits,
+                            const int32_t* targets, int M, int V, float dscale) = 0;
+
+  // ---- optimiser ----
+  // Sum of squares of x[n] in double (for gradient-norm clipping).
+  virtual double sumSquares(const float* x, int64_t n) = 0;
+  virtual void scale(float* x, float s, int64_t n) = 0;
+  // AdamW step t (1-based) with bias correction; decoupled weight decay wd * lr * p.
+  virtual void adamw(float* p, const float* g, float* m, float* v, int64_t n, float lr,
+                     float beta1, float beta2, float eps, float wd, int t) = 0;
+};
+
+// The plain single-threaded f32 reference (kernels/ref): the truth every backend is tested
+// against. Slow by design.
+std::unique_ptr<Ops> makeRefOps();
+// The CPU backend (kernels/cpu): Highway SIMD with runtime dispatch, multithreaded.
+std::unique_ptr<Ops> makeCpuOps();
+
+}  // namespace ptllm

@@ -1,0 +1,400 @@
+#include "model/gpt2.h"
+
+#include <cmath>
+#include <mutex>
+
+#include "core/error.h"
+#include "core/rng.h"
+#include "gate/paths.h"
+
+namespace ptllm {
+
+// A forward linear layer: w[K,N] (Conv1D layout) + b[N], and the packed copy of w for the
+// fast path in use (dropped whenever the f32 weights change).
+struct Gpt2::Linear {
+  const ParamInfo* w = nullptr;
+  const ParamInfo* b = nullptr;
+  int K = 0, N = 0;
+  const PathEntry* packedFor = nullptr;
+  std::shared_ptr<Buffer> packed;
+  bool ineligible = false;  // prepare() refused this matrix (e.g. f16 overflow)
+};
+
+struct Gpt2::Layer {
+  const ParamInfo *ln1w, *ln1b, *ln2w, *ln2b;
+  Linear attn, proj, fc, fcProj;
+};
+
+// Activations of one forward (training: B*T rows; inference: up to blockSize rows).
+struct Gpt2::Acts {
+  int B = 0, T = 0;
+  Tensor encoded;                       // [BT, C]
+  std::vector<Tensor> ln1, ln1Mean, ln1Rstd, qkv, atty, att, attProj, res2, ln2, ln2Mean,
+      ln2Rstd, fch, fchGelu, fcProj, res3;
+  Tensor lnf, lnfMean, lnfRstd, logits, losses;
+  // backward scratch
+  Tensor dres, dln, dqkv, datty, dfch;
+  std::vector<int32_t> inputs, targets;
+};
+
+Gpt2::Gpt2(Ops& ops, const ModelConfig& cfg) : ops_(ops), cfg_(cfg) {
+  cfg_.validate("model config");
+  buildParams();
+  paramBuf_ = ops_.alloc({numParams_});
+  gradBuf_ = ops_.alloc({numParams_});
+}
+
+Gpt2::~Gpt2() = default;
+
+void Gpt2::buildParams() {
+  const int64_t C = cfg_.nEmbd, V = cfg_.vocabSize, T = cfg_.blockSize;
+  auto add = [&](const std::string& name, Shape shape, bool decay) {
+    params_.push_back({name, std::move(shape), numParams_, decay});
+    numParams_ += params_.back().numel();
+  };
+  add("wte.weight", {V, C}, true);
+  add("wpe.weight", {T, C}, true);
+  for (int l = 0; l < cfg_.nLayer; ++l) {
+    const std::string p = "h." + std::to_string(l) + ".";
+    add(p + "ln_1.weight", {C}, false);
+    add(p + "ln_1.bias", {C}, false);
+    add(p + "attn.c_attn.weight", {C, 3 * C}, true);
+    add(p + "attn.c_attn.bias", {3 * C}, false);
+    add(p + "attn.c_proj.weight", {C, C}, true);
+    add(p + "attn.c_proj.bias", {C}, false);
+    add(p + "ln_2.weight", {C}, false);
+    add(p + "ln_2.bias", {C}, false);
+    add(p + "mlp.c_fc.weight", {C, 4 * C}, true);
+    add(p + "mlp.c_fc.bias", {4 * C}, false);
+    add(p + "mlp.c_proj.weight", {4 * C, C}, true);
+    add(p + "mlp.c_proj.bias", {C}, false);
+  }
+  add("ln_f.weight", {C}, false);
+  add("ln_f.bias", {C}, false);
+  PTLLM_ASSERT(numParams_ == cfg_.parameterCount());
+  for (size_t i = 0; i < params_.size(); ++i) paramIndex_[params_[i].name] = i;
+
+  auto P = [&](const std::string& n) { return &params_[paramIndex_.at(n)]; };
+  wte_ = P("wte.weight");
+  wpe_ = P("wpe.weight");
+  lnfW_ = P("ln_f.weight");
+  lnfB_ = P("ln_f.bias");
+  layers_.resize(size_t(cfg_.nLayer));
+  for (int l = 0; l < cfg_.nLayer; ++l) {
+    const std::string p = "h." + std::to_string(l) + ".";
+    Layer& L = layers_[size_t(l)];
+    L.ln1w = P(p + "ln_1.weight");
+    L.ln1b = P(p + "ln_1.bias");
+    L.ln2w = P(p + "ln_2.weight");
+    L.ln2b = P(p + "ln_2.bias");
+    auto lin = [&](Linear& x, const std::string& n) {
+      x.w = P(p + n + ".weight");
+      x.b = P(p + n + ".bias");
+      x.K = int(x.w->shape[0]);
+      x.N = int(x.w->shape[1]);
+    };
+    lin(L.attn, "attn.c_attn");
+    lin(L.proj, "attn.c_proj");
+    lin(L.fc, "mlp.c_fc");
+    lin(L.fcProj, "mlp.c_proj");
+  }
+}
+
+const ParamInfo* Gpt2::findParam(const std::string& name) const {
+  auto it = paramIndex_.find(name);
+  return it == paramIndex_.end() ? nullptr : &params_[it->second];
+}
+
+void Gpt2::initRandom(uint64_t seed) {
+  Rng rng(seed);
+  std::vector<float> host(size_t(numParams_), 0.0f);
+  const float residStd = 0.02f / std::sqrt(2.0f * cfg_.nLayer);
+  for (const auto& p : params_) {
+    float* d = host.data() + p.offset;
+    const bool isLnWeight = p.name.find("ln_") != std::string::npos && p.name.ends_with(".weight");
+    if (isLnWeight) {
+      for (int64_t i = 0; i < p.numel(); ++i) d[i] = 1.0f;
+    } else if (p.decay) {
+      const float sd = p.name.ends_with("c_proj.weight") ? residStd : 0.02f;
+      for (int64_t i = 0; i < p.numel(); ++i) d[i] = sd * rng.normal();
+    }
+  }
+  ops_.upload(paramBuf_, host.data());
+  invalidatePackedWeights();
+}
+
+void Gpt2::invalidatePackedWeights() {
+  for (auto& L : layers_)
+    for (Linear* l : {&L.attn, &L.proj, &L.fc, &L.fcProj}) {
+      l->packed.reset();
+      l->packedFor = nullptr;
+      l->ineligible = false;
+    }
+}
+
+void Gpt2::prepareForInference() {
+  if (!paths_) return;
+  const PathEntry* path = paths_->forwardPath();
+  if (!path || !path->prepare) return;
+  for (auto& L : layers_)
+    for (Linear* l : {&L.attn, &L.proj, &L.fc, &L.fcProj}) {
+      if (l->packedFor == path || l->ineligible) continue;
+      auto buf = ops_.allocBytes(path->packedBytes(l->K, l->N));
+      if (path->prepare(buf->ptr, param(*l->w), l->K, l->N)) {
+        l->packed = std::move(buf);
+        l->packedFor = path;
+      } else {
+        l->ineligible = true;
+        std::fprintf(stderr, "[ops] %s: %s is not representable on this path, it stays on f32\n",
+                     path->name.c_str(), l->w->name.c_str());
+      }
+    }
+}
+
+void Gpt2::linear(Linear& l, float* out, const float* in, int M) {
+  const PathEntry* path = paths_ ? paths_->forwardPath() : nullptr;
+  if (path && !l.ineligible) {
+    if (!path->prepare) {
+      path->dispatch(out, in, param(*l.w), param(*l.b), M, l.K, l.N);
+      lastLinearPath_ = path->name;
+      return;
+    }
+    if (l.packedFor != path) prepareForInference();  // packs lazily after invalidation
+    if (l.packedFor == path) {
+      path->dispatch(out, in, l.packed->ptr, param(*l.b), M, l.K, l.N);
+      lastLinearPath_ = path->name;
+      return;
+    }
+  }
+  ops_.matmul(out, in, param(*l.w), param(*l.b), M, l.K, l.N);
+  lastLinearPath_ = "f32";
+}
+
+// dIn[M,K] = dOut[M,N] @ w^T ; dw[K,N] += in^T @ dOut ; db[N] += sum dOut. Always f32.
+void Gpt2::linearBackward(Linear& l, float* dIn, const float* dOut, const float* in, int M) {
+  ops_.matmulAtb(grad(*l.w), in, dOut, l.K, M, l.N, true);
+  ops_.biasBackward(grad(*l.b), dOut, M, l.N);
+  ops_.matmulAbt(dIn, dOut, param(*l.w), M, l.N, l.K, false);
+}
+
+void Gpt2::ensureActs(int B, int T) {
+  if (acts_ && acts_->B == B && acts_->T == T) return;
+  acts_ = std::make_unique<Acts>();
+  Acts& a = *acts_;
+  a.B = B;
+  a.T = T;
+  const int64_t BT = int64_t(B) * T, C = cfg_.nEmbd, NH = cfg_.nHead, V = cfg_.vocabSize;
+  a.encoded = ops_.alloc({BT, C});
+  for (int l = 0; l < cfg_.nLayer; ++l) {
+    a.ln1.push_back(ops_.alloc({BT, C}));
+    a.ln1Mean.push_back(ops_.alloc({BT}));
+    a.ln1Rstd.push_back(ops_.alloc({BT}));
+    a.qkv.push_back(ops_.alloc({BT, 3 * C}));
+    a.atty.push_back(ops_.alloc({BT, C}));
+    a.att.push_back(ops_.alloc({B, NH, T, T}));
+    a.attProj.push_back(ops_.alloc({BT, C}));
+    a.res2.push_back(ops_.alloc({BT, C}));
+    a.ln2.push_back(ops_.alloc({BT, C}));
+    a.ln2Mean.push_back(ops_.alloc({BT}));
+    a.ln2Rstd.push_back(ops_.alloc({BT}));
+    a.fch.push_back(ops_.alloc({BT, 4 * C}));
+    a.fchGelu.push_back(ops_.alloc({BT, 4 * C}));
+    a.fcProj.push_back(ops_.alloc({BT, C}));
+    a.res3.push_back(ops_.alloc({BT, C}));
+  }
+  a.lnf = ops_.alloc({BT, C});
+  a.lnfMean = ops_.alloc({BT});
+  a.lnfRstd = ops_.alloc({BT});
+  a.logits = ops_.alloc({BT, V});
+  a.losses = ops_.alloc({BT});
+}
+
+float Gpt2::forward(const int32_t* inputs, const int32_t* targets, int B, int T) {
+  if (T < 1 || T > cfg_.blockSize) fail("sequence length {} is outside 1..{}", T, cfg_.blockSize);
+  for (int64_t i = 0; i < int64_t(B) * T; ++i)
+    if (inputs[i] < 0 || inputs[i] >= cfg_.vocabSize)
+      fail("token id {} outside the vocabulary of {}", inputs[i], cfg_.vocabSize);
+  ensureActs(B, T);
+  Acts& a = *acts_;
+  const int M = B * T, C = cfg_.nEmbd, NH = cfg_.nHead, V = cfg_.vocabSize;
+  a.inputs.assign(inputs, inputs + M);
+  a.targets.clear();
+
+  ops_.embeddingForward(a.encoded.data(), inputs, param(*wte_), param(*wpe_), B, T, C, 0);
+  const float* x = a.encoded.data();
+  for (int l = 0; l < cfg_.nLayer; ++l) {
+    Layer& L = layers_[size_t(l)];
+    ops_.layernormForward(a.ln1[l].data(), a.ln1Mean[l].data(), a.ln1Rstd[l].data(), x,
+                          param(*L.ln1w), param(*L.ln1b), M, C);
+    linear(L.attn, a.qkv[l].data(), a.ln1[l].data(), M);
+    ops_.attentionForward(a.atty[l].data(), a.att[l].data(), a.qkv[l].data(), B, T, T, C, NH);
+    linear(L.proj, a.attProj[l].data(), a.atty[l].data(), M);
+    ops_.add(a.res2[l].data(), x, a.attProj[l].data(), int64_t(M) * C);
+    ops_.layernormForward(a.ln2[l].data(), a.ln2Mean[l].data(), a.ln2Rstd[l].data(),
+                          a.res2[l].data(), param(*L.ln2w), param(*L.ln2b), M, C);
+    linear(L.fc, a.fch[l].data(), a.ln2[l].data(), M);
+    ops_.geluForward(a.fchGelu[l].data(), a.fch[l].data(), int64_t(M) * 4 * C);
+    linear(L.fcProj, a.fcProj[l].data(), a.fchGelu[l].data(), M);
+    ops_.add(a.res3[l].data(), a.res2[l].data(), a.fcProj[l].data(), int64_t(M) * C);
+    x = a.res3[l].data();
+  }
+  ops_.layernormForward(a.lnf.data(), a.lnfMean.data(), a.lnfRstd.data(), x, param(*lnfW_),
+                        param(*lnfB_), M, C);
+  // Tied head: logits = lnf @ wte^T, always f32.
+  ops_.matmulAbt(a.logits.data(), a.lnf.data(), param(*wte_), M, C, V, false);
+  if (!targets) return 0.0f;
+
+  int counted = 0;
+  for (int i = 0; i < M; ++i) {
+    if (targets[i] >= V) fail("target id {} outside the vocabulary of {}", targets[i], V);
+    counted += targets[i] >= 0;
+  }
+  a.targets.assign(targets, targets + M);
+  // Keeps the logits; backward() recomputes the softmax gradient into them.
+  ops_.crossEntropy(a.losses.data(), nullptr, a.logits.data(), targets, M, V, 0.0f);
+  std::vector<float> losses(static_cast<size_t>(M));
+  ops_.download(losses.data(), a.losses);
+  double sum = 0;
+  for (float v : losses) sum += v;
+  return counted ? float(sum / counted) : 0.0f;
+}
+
+std::vector<float> Gpt2::logitsHost() const {
+  PTLLM_ASSERT(acts_, "no forward has run");
+  std::vector<float> out(size_t(acts_->logits.numel()));
+  ops_.download(out.data(), acts_->logits);
+  return out;
+}
+
+void Gpt2::zeroGrad() { ops_.fill(gradBuf_.data(), 0.0f, numParams_); }
+
+void Gpt2::backward() {
+  PTLLM_ASSERT(acts_ && !acts_->targets.empty(), "backward() needs a forward with targets");
+  Acts& a = *acts_;
+  const int B = a.B, T = a.T, M = B * T, C = cfg_.nEmbd, NH = cfg_.nHead, V = cfg_.vocabSize;
+  if (a.dres.empty()) {
+    a.dres = ops_.alloc({M, C});
+    a.dln = ops_.alloc({M, C});
+    a.dqkv = ops_.alloc({M, 3 * C});
+    a.datty = ops_.alloc({M, C});
+    a.dfch = ops_.alloc({M, 4 * C});
+  }
+  int counted = 0;
+  for (int32_t t : a.targets) counted += t >= 0;
+  const float dscale = counted ? 1.0f / float(counted) : 0.0f;
+  // dlogits overwrite the logits in place.
+  ops_.crossEntropy(a.losses.data(), a.logits.data(), a.logits.data(), a.targets.data(), M, V,
+                    dscale);
+  float* dlogits = a.logits.data();
+  // Tied head backward: dlnf = dlogits @ wte ; dwte += dlogits^T @ lnf.
+  ops_.matmul(a.dln.data(), dlogits, param(*wte_), nullptr, M, V, C);
+  ops_.matmulAtb(grad(*wte_), dlogits, a.lnf.data(), V, M, C, true);
+  ops_.fill(a.dres.data(), 0.0f, int64_t(M) * C);
+  const float* xLast = cfg_.nLayer ? a.res3.back().data() : a.encoded.data();
+  ops_.layernormBackward(a.dres.data(), grad(*lnfW_), grad(*lnfB_), a.dln.data(), xLast,
+                         param(*lnfW_), a.lnfMean.data(), a.lnfRstd.data(), M, C);
+  for (int l = cfg_.nLayer - 1; l >= 0; --l) {
+    Layer& L = layers_[size_t(l)];
+    const float* x = l == 0 ? a.encoded.data() : a.res3[l - 1].data();
+    // res3 = res2 + fcProj(gelu(fc(ln2(res2)))): dres flows to res2 unchanged.
+    linearBackward(L.fcProj, a.dfch.data(), a.dres.data(), a.fchGelu[l].data(), M);
+    ops_.geluBackward(a.dfch.data(), a.fch[l].data(), a.dfch.data(), int64_t(M) * 4 * C);
+    linearBackward(L.fc, a.dln.data(), a.dfch.data(), a.ln2[l].data(), M);
+    ops_.layernormBackward(a.dres.data(), grad(*L.ln2w), grad(*L.ln2b), a.dln.data(),
+                           a.res2[l].data(), param(*L.ln2w), a.ln2Mean[l].data(),
+                           a.ln2Rstd[l].data(), M, C);
+    // res2 = x + proj(attn(attn_in(ln1(x)))).
+    linearBackward(L.proj, a.datty.data(), a.dres.data(), a.atty[l].data(), M);
+    ops_.attentionBackward(a.dqkv.data(), a.datty.data(), a.qkv[l].data(), a.att[l].data(), B, T,
+                           C, NH);
+    linearBackward(L.attn, a.dln.data(), a.dqkv.data(), a.ln1[l].data(), M);
+    ops_.layernormBackward(a.dres.data(), grad(*L.ln1w), grad(*L.ln1b), a.dln.data(), x,
+                           param(*L.ln1w), a.ln1Mean[l].data(), a.ln1Rstd[l].data(), M, C);
+  }
+  ops_.embeddingBackward(grad(*wte_), grad(*wpe_), a.dres.data(), a.inputs.data(), B, T, C);
+}
+
+float Gpt2::clipGradNorm(float maxNorm) {
+  const float norm = float(std::sqrt(ops_.sumSquares(gradBuf_.data(), numParams_)));
+  if (std::isfinite(norm) && norm > maxNorm) ops_.scale(gradBuf_.data(), maxNorm / norm, numParams_);
+  return norm;
+}
+
+Tensor& Gpt2::adamM() {
+  if (mBuf_.empty()) mBuf_ = ops_.alloc({numParams_});
+  return mBuf_;
+}
+Tensor& Gpt2::adamV() {
+  if (vBuf_.empty()) vBuf_ = ops_.alloc({numParams_});
+  return vBuf_;
+}
+
+void Gpt2::adamwStep(float lr, float beta1, float beta2, float eps, float weightDecay) {
+  adamM();
+  adamV();
+  ++adamStep_;
+  for (const auto& p : params_)
+    ops_.adamw(param(p), grad(p), mBuf_.data() + p.offset, vBuf_.data() + p.offset, p.numel(), lr,
+               beta1, beta2, eps, p.decay ? weightDecay : 0.0f, adamStep_);
+  invalidatePackedWeights();
+}
+
+// ---- inference ----
+
+void Gpt2::ensureCache() {
+  if (!kvCache_.empty()) return;
+  const int64_t C = cfg_.nEmbd, T = cfg_.blockSize, NH = cfg_.nHead, V = cfg_.vocabSize;
+  for (int l = 0; l < cfg_.nLayer; ++l) kvCache_.push_back(ops_.alloc({T, 3 * C}));
+  inferActs_ = std::make_unique<Acts>();
+  Acts& a = *inferActs_;
+  a.encoded = ops_.alloc({T, C});
+  a.ln1.push_back(ops_.alloc({T, C}));
+  a.atty.push_back(ops_.alloc({T, C}));
+  a.att.push_back(ops_.alloc({NH, T, T}));
+  a.attProj.push_back(ops_.alloc({T, C}));
+  a.res2.push_back(ops_.alloc({T, C}));
+  a.fch.push_back(ops_.alloc({T, 4 * C}));
+  a.res3.push_back(ops_.alloc({T, C}));
+  a.lnf = ops_.alloc({1, C});
+  a.logits = ops_.alloc({1, V});
+}
+
+void Gpt2::resetCache() { cachePos_ = 0; }
+
+void Gpt2::forwardCached(const int32_t* tokens, int n, float* logitsOut) {
+  if (n < 1 || cachePos_ + n > cfg_.blockSize)
+    fail("cannot run {} tokens after {} cached: the context holds {}", n, cachePos_, cfg_.blockSize);
+  for (int i = 0; i < n; ++i)
+    if (tokens[i] < 0 || tokens[i] >= cfg_.vocabSize)
+      fail("token id {} outside the vocabulary of {}", tokens[i], cfg_.vocabSize);
+  ensureCache();
+  Acts& a = *inferActs_;
+  const int C = cfg_.nEmbd, NH = cfg_.nHead, V = cfg_.vocabSize, p0 = cachePos_, Tk = p0 + n;
+  float* x = a.encoded.data();
+  float* ln = a.ln1[0].data();
+  float* y = a.atty[0].data();
+  float* proj = a.attProj[0].data();
+  float* h = a.fch[0].data();
+  ops_.embeddingForward(x, tokens, param(*wte_), param(*wpe_), 1, n, C, p0);
+  for (int l = 0; l < cfg_.nLayer; ++l) {
+    Layer& L = layers_[size_t(l)];
+    float* qkv = kvCache_[size_t(l)].data();  // rows [0, Tk) valid after the linear below
+    ops_.layernormForward(ln, nullptr, nullptr, x, param(*L.ln1w), param(*L.ln1b), n, C);
+    linear(L.attn, qkv + int64_t(p0) * 3 * C, ln, n);
+    ops_.attentionForward(y, a.att[0].data(), qkv, 1, n, Tk, C, NH);
+    linear(L.proj, proj, y, n);
+    ops_.add(x, x, proj, int64_t(n) * C);
+    ops_.layernormForward(ln, nullptr, nullptr, x, param(*L.ln2w), param(*L.ln2b), n, C);
+    linear(L.fc, h, ln, n);
+    ops_.geluForward(h, h, int64_t(n) * 4 * C);
+    linear(L.fcProj, proj, h, n);
+    ops_.add(x, x, proj, int64_t(n) * C);
+  }
+  const float* last = x + int64_t(n - 1) * C;
+  ops_.layernormForward(a.lnf.data(), nullptr, nullptr, last, param(*lnfW_), param(*lnfB_), 1, C);
+  ops_.matmulAbt(a.logits.data(), a.lnf.data(), param(*wte_), 1, C, V, false);
+  ops_.download(logitsOut, a.logits);
+  cachePos_ = Tk;
+}
+
+}  // namespace ptllm

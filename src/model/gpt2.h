@@ -1,0 +1,113 @@
+// The GPT-2 model: parameters, training forward/backward, and KV-cached inference, all through
+// the Ops interface. Forward linear layers (Q/K/V/O, MLP fc_in/fc_out) may run on a gated
+// fast path picked per call from the PathSet; backward matmuls, AdamW and the tied head's
+// logits always run on the canonical f32 ops (spec: activation scope).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "kernels/ops.h"
+#include "kernels/registry.h"
+#include "model/config.h"
+
+namespace ptllm {
+
+class PathSet;
+
+// One named parameter tensor inside the flat parameter buffer.
+struct ParamInfo {
+  std::string name;  // HF GPT-2 name without prefix, e.g. "h.0.attn.c_attn.weight"
+  Shape shape;
+  int64_t offset = 0;  // in floats
+  bool decay = false;  // weight decay applies (2-D weights)
+  int64_t numel() const { return numelOf(shape); }
+};
+
+class Gpt2 {
+ public:
+  Gpt2(Ops& ops, const ModelConfig& cfg);
+  ~Gpt2();
+
+  const ModelConfig& config() const { return cfg_; }
+  Ops& ops() { return ops_; }
+  const std::vector<ParamInfo>& paramInfos() const { return params_; }
+  const ParamInfo* findParam(const std::string& name) const;
+  int64_t numParams() const { return numParams_; }
+  Tensor& paramData() { return paramBuf_; }    // [numParams], backend memory
+  Tensor& gradData() { return gradBuf_; }      // [numParams]
+  float* param(const ParamInfo& p) { return paramBuf_.data() + p.offset; }
+  float* grad(const ParamInfo& p) { return gradBuf_.data() + p.offset; }
+
+  // GPT-2 initialisation: N(0, 0.02); residual projections N(0, 0.02/sqrt(2L)); biases 0;
+  // LayerNorm weight 1, bias 0.
+  void initRandom(uint64_t seed);
+
+  // Fast paths. Without a PathSet (or with an empty one) everything runs on f32.
+  void setPaths(PathSet* paths) { paths_ = paths; invalidatePackedWeights(); }
+  PathSet* paths() const { return paths_; }
+  // Drops every packed weight copy (called at the top of every train step; re-packed lazily).
+  void invalidatePackedWeights();
+  // Packs every forward linear weight for the active path now (before sampling).
+  void prepareForInference();
+  // Name of the path the last forward linear ran on ("f32" or a registry name).
+  const std::string& lastLinearPath() const { return lastLinearPath_; }
+
+  // ---- training ----
+  // Forward over inputs[B,T] (T <= blockSize). With targets, returns the mean loss (targets < 0
+  // are ignored); without, returns 0 and leaves logits for logitsHost().
+  float forward(const int32_t* inputs, const int32_t* targets, int B, int T);
+  void zeroGrad();
+  // Accumulates gradients of the mean loss of the last forward into gradData().
+  void backward();
+  // Global gradient L2 norm; if above maxNorm, scales the gradients down to it. Returns the norm
+  // before clipping.
+  float clipGradNorm(float maxNorm);
+  void adamwStep(float lr, float beta1, float beta2, float eps, float weightDecay);
+  int optimizerStep() const { return adamStep_; }
+  void setOptimizerStep(int t) { adamStep_ = t; }
+  Tensor& adamM();
+  Tensor& adamV();
+  // Logits of the last forward, [B*T, V], copied to the host.
+  std::vector<float> logitsHost() const;
+
+  // ---- inference with a KV cache (batch 1) ----
+  void resetCache();
+  int cachedTokens() const { return cachePos_; }
+  // Runs tokens[n] at positions cachedTokens()..+n (must fit in blockSize) and writes the
+  // logits of the last one to logitsOut[V] (host memory).
+  void forwardCached(const int32_t* tokens, int n, float* logitsOut);
+
+ private:
+  struct Linear;
+  struct Layer;
+  struct Acts;
+  void buildParams();
+  void linear(Linear& l, float* out, const float* in, int M);
+  void linearBackward(Linear& l, float* dIn, const float* dOut, const float* in, int M);
+  void ensureActs(int B, int T);
+  void ensureCache();
+
+  Ops& ops_;
+  ModelConfig cfg_;
+  std::vector<ParamInfo> params_;
+  std::map<std::string, size_t> paramIndex_;
+  int64_t numParams_ = 0;
+  Tensor paramBuf_, gradBuf_, mBuf_, vBuf_;
+  int adamStep_ = 0;
+  std::vector<Layer> layers_;
+  const ParamInfo *wte_ = nullptr, *wpe_ = nullptr, *lnfW_ = nullptr, *lnfB_ = nullptr;
+  PathSet* paths_ = nullptr;
+  std::string lastLinearPath_ = "f32";
+  std::unique_ptr<Acts> acts_;
+  // KV cache: per layer the fused qkv rows of every cached position, [blockSize, 3C].
+  std::vector<Tensor> kvCache_;
+  std::unique_ptr<Acts> inferActs_;
+  int cachePos_ = 0;
+};
+
+}  // namespace ptllm

@@ -1,0 +1,89 @@
+#include "model/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "core/error.h"
+
+namespace ptllm {
+
+int32_t sampleToken(const float* logits, int V, const SampleOptions& opt, Rng& rng) {
+  if (opt.temperature <= 0.0f) return int32_t(std::max_element(logits, logits + V) - logits);
+  std::vector<int32_t> idx(static_cast<size_t>(V));
+  std::iota(idx.begin(), idx.end(), 0);
+  // Highest logits first; ties by id keep it deterministic.
+  std::sort(idx.begin(), idx.end(), [&](int32_t a, int32_t b) {
+    return logits[a] != logits[b] ? logits[a] > logits[b] : a < b;
+  });
+  size_t keep = size_t(V);
+  if (opt.topK > 0) keep = std::min(keep, size_t(opt.topK));
+  std::vector<double> p(keep);
+  const double mx = logits[idx[0]];
+  double sum = 0;
+  for (size_t i = 0; i < keep; ++i) sum += (p[i] = std::exp((logits[idx[i]] - mx) / opt.temperature));
+  if (opt.topP < 1.0f) {
+    double cum = 0;
+    size_t n = 0;
+    while (n < keep) {
+      cum += p[n++] / sum;
+      if (cum >= opt.topP) break;
+    }
+    keep = std::max<size_t>(n, 1);
+    sum = std::accumulate(p.begin(), p.begin() + long(keep), 0.0);
+  }
+  double u = rng.uniformDouble() * sum;
+  for (size_t i = 0; i < keep; ++i) {
+    u -= p[i];
+    if (u < 0) return idx[i];
+  }
+  return idx[keep - 1];
+}
+
+void Generator::feed(const std::vector<int32_t>& tokens) {
+  const int T = model_.config().blockSize;
+  logits_.resize(size_t(model_.config().vocabSize));
+  for (int32_t t : tokens) context_.push_back(t);
+  if (int(context_.size()) > T) {
+    // Slide: keep the newest 3/4 of a block (at least 1 token) and re-encode it.
+    const size_t keep = std::max<size_t>(1, size_t(T) - size_t(T) / 4);
+    context_.erase(context_.begin(), context_.end() - long(std::min(keep, context_.size())));
+    model_.resetCache();
+    ++slides_;
+    model_.forwardCached(context_.data(), int(context_.size()), logits_.data());
+    return;
+  }
+  const int fresh = int(context_.size()) - model_.cachedTokens();
+  model_.forwardCached(context_.data() + model_.cachedTokens(), fresh, logits_.data());
+}
+
+std::vector<int32_t> Generator::generate(const std::vector<int32_t>& prompt,
+                                         const SampleOptions& opt,
+                                         const std::function<void(int32_t)>& onToken) {
+  if (prompt.empty()) fail("generate: the prompt is empty");
+  if (opt.tokens < 0) fail("generate: --tokens must be >= 0 (got {})", opt.tokens);
+  if (opt.temperature < 0 || !std::isfinite(opt.temperature))
+    fail("generate: --temperature must be >= 0 (got {})", opt.temperature);
+  if (!(opt.topP > 0.0f && opt.topP <= 1.0f)) fail("generate: --top-p must be in (0, 1] (got {})", opt.topP);
+  if (opt.topK < 0) fail("generate: --top-k must be >= 0 (got {})", opt.topK);
+  Rng rng(opt.seed);
+  context_.clear();
+  slides_ = 0;
+  model_.resetCache();
+  const int T = model_.config().blockSize;
+  // A prompt longer than the context keeps its last block.
+  std::vector<int32_t> p = prompt;
+  if (int(p.size()) > T) p.erase(p.begin(), p.end() - T);
+  feed(p);
+  std::vector<int32_t> out;
+  const int V = model_.config().vocabSize;
+  for (int i = 0; i < opt.tokens; ++i) {
+    const int32_t next = sampleToken(logits_.data(), V, opt, rng);
+    out.push_back(next);
+    if (onToken) onToken(next);
+    if (i + 1 < opt.tokens) feed({next});
+  }
+  return out;
+}
+
+}  // namespace ptllm

@@ -1,0 +1,47 @@
+// Text generation with the KV cache: greedy (temperature 0) or seeded sampling with
+// temperature, top-k and top-p. When the context is full the window slides: the oldest quarter
+// of the block is dropped and the rest is re-encoded into the cache (positions are absolute in
+// GPT-2, so cached keys cannot simply be shifted).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "core/rng.h"
+#include "model/gpt2.h"
+
+namespace ptllm {
+
+struct SampleOptions {
+  int tokens = 200;
+  float temperature = 1.0f;  // 0: greedy
+  int topK = 0;              // 0: off
+  float topP = 1.0f;         // 1: off
+  uint64_t seed = 1337;
+};
+
+// Picks the next token from logits[V] (softmax with temperature, top-k, top-p).
+int32_t sampleToken(const float* logits, int V, const SampleOptions& opt, Rng& rng);
+
+class Generator {
+ public:
+  explicit Generator(Gpt2& model) : model_(model) {}
+  // Generates opt.tokens tokens after `prompt` (non-empty); calls onToken for each as it is
+  // produced. Returns the generated ids (without the prompt).
+  std::vector<int32_t> generate(const std::vector<int32_t>& prompt, const SampleOptions& opt,
+                                const std::function<void(int32_t)>& onToken = {});
+  // Full-context tokens currently encoded in the cache (for tests).
+  const std::vector<int32_t>& context() const { return context_; }
+  int slides() const { return slides_; }
+
+ private:
+  void feed(const std::vector<int32_t>& tokens);  // prefill, sliding if needed
+  Gpt2& model_;
+  std::vector<int32_t> context_;
+  std::vector<float> logits_;
+  int slides_ = 0;
+};
+
+}  // namespace ptllm

@@ -1,0 +1,36 @@
+// Helpers shared by the tests: seeded data, poisoning, comparisons, temp dirs.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+namespace ptllm::test {
+
+std::vector<float> randomVector(size_t n, uint64_t seed, float lo = -1.0f, float hi = 1.0f);
+// NaN-filled buffer: any element a kernel forgets to write shows up as NaN.
+std::vector<float> poisoned(size_t n);
+bool allFinite(const float* x, size_t n);
+// max |a-b| / (atol + rtol*|b|) over the arrays; > 1 means out of tolerance. NaN counts as inf.
+double worstRatio(const float* a, const float* b, size_t n, double atol, double rtol);
+double maxAbsDiff(const float* a, const float* b, size_t n);
+
+// A fresh directory under $TMPDIR, removed with its contents when the object dies.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  const std::string& path() const { return path_; }
+  std::string file(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+void writeText(const std::string& path, const std::string& text);
+// A deterministic pseudo-English text of about n bytes for training tests.
+std::string sampleText(size_t n, uint64_t seed = 7);
+
+}  // namespace ptllm::test
