@@ -557,9 +557,16 @@ TEST(SafetensorsRead, CorruptionNeverCrashes) {
   std::string good = dir.file("good.safetensors");
   st::write(good, {{"a", {2, 3}, x.data()}, {"b", {3}, x.data(), st::DType::F16}}, {{"k", "v"}});
   const std::string raw = readAll(good);
-  std::string p = dir.file("bad.safetensors");
-  auto tryAll = [&](const std::string& bytes) {
+  // A fresh name per case (then removed): rewriting one file with O_TRUNC makes ext4 flush it
+  // on every close, which is slow.
+  int serial = 0;
+  auto place = [&](const std::string& bytes) {
+    std::string p = dir.file("bad" + std::to_string(serial++) + ".safetensors");
     writeBytes(p, bytes);
+    return p;
+  };
+  auto tryAll = [&](const std::string& bytes) {
+    std::string p = place(bytes);
     try {
       auto f = st::File::open(p);
       for (const auto& t : f.tensors())
@@ -569,16 +576,12 @@ TEST(SafetensorsRead, CorruptionNeverCrashes) {
       EXPECT_NE(msg.find(p), std::string::npos) << msg;
       EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
     }
+    fs::remove(p);
   };
   for (size_t len = 0; len < raw.size(); ++len) {
-    std::string cut = raw.substr(0, len);
-    EXPECT_THROW(
-        {
-          writeBytes(p, cut);
-          st::File::open(p);
-        },
-        ptllm::Error)
-        << "length " << len;
+    std::string p = place(raw.substr(0, len));
+    EXPECT_THROW(st::File::open(p), ptllm::Error) << "length " << len;
+    fs::remove(p);
   }
   const unsigned char repl[] = {0x00, 0x22, 0x2d, 0x5d, 0x7d, 0x39, 0xff};
   for (size_t i = 0; i < raw.size(); ++i)

@@ -62,7 +62,7 @@ std::string printable(std::string_view s, size_t kMax = 80) {
 }
 
 std::string quoteName(std::string_view s) {
-  return "'" + printable(s) + "'";
+  return fmt::format("'{}'", printable(s));
 }
 
 std::string shapeStr(const std::vector<int64_t>& shape) {
