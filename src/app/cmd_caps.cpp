@@ -1,22 +1,16 @@
 // ptllm caps [--json]: what this machine can do (CPU model, Highway targets, feature flags) and,
 // per registered path, whether it is supported here, its gate verdict and whether it is active.
 #include <cstdio>
-#include <memory>
 #include <string>
 
 #include <fmt/format.h>
 
 #include "app/commands.h"
-#include "core/error.h"
+#include "app/engine.h"
 #include "gate/paths.h"
 
 namespace ptllm::app {
 namespace {
-
-std::unique_ptr<Ops> opsForDevice(const std::string& device) {
-  if (device == "auto" || device == "cpu") return makeCpuOps();
-  fail("--device {}: only the cpu backend is available to this command", device);
-}
 
 std::string verdictText(const GateResult& r) {
   if (!r.supported) return "not supported (" + r.unsupportedReason + ")";
@@ -32,9 +26,10 @@ std::string verdictText(const GateResult& r) {
 
 void runCaps(const GlobalOptions& g, bool json) {
   g.apply();
-  const PathSelection sel = PathSelection::parse(g.paths);
-  std::unique_ptr<Ops> ops = opsForDevice(g.device);
-  PathSet set(*ops, sel);
+  Engine engine = makeEngine(g);  // --device, --paths; the gates start here
+  Ops* ops = engine.ops.get();
+  PathSet& set = *engine.paths;
+  const PathSelection& sel = set.selection();
   const std::vector<GateResult> results = set.results();
   const Capabilities& caps = set.capabilities();
   const std::vector<std::string> pills = set.activePills();

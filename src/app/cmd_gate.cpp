@@ -2,26 +2,21 @@
 // console lines (on stderr as always, and on stdout). Exit code 0 once every gate has run,
 // whatever the verdicts: a FAIL is the gate doing its job.
 #include <cstdio>
-#include <memory>
 #include <string>
 
 #include "app/commands.h"
-#include "core/error.h"
+#include "app/engine.h"
 #include "gate/paths.h"
 
 namespace ptllm::app {
 namespace {
 
-std::unique_ptr<Ops> opsForDevice(const std::string& device) {
-  if (device == "auto" || device == "cpu") return makeCpuOps();
-  fail("--device {}: only the cpu backend is available to this command", device);
-}
-
 void runGateCommand(const GlobalOptions& g, bool json) {
   g.apply();
-  const PathSelection sel = PathSelection::parse(g.paths);
-  std::unique_ptr<Ops> ops = opsForDevice(g.device);
-  PathSet set(*ops, sel);
+  Engine engine = makeEngine(g);  // --device, --paths; the gates start here
+  Ops* ops = engine.ops.get();
+  PathSet& set = *engine.paths;
+  const PathSelection& sel = set.selection();
   const std::vector<GateResult> results = set.results();
   if (json) {
     nlohmann::json j;

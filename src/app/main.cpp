@@ -20,6 +20,7 @@ int main(int argc, char** argv) {
   ptllm::app::addInfoCommand(app, g);
   ptllm::app::addCapsCommand(app, g);
   ptllm::app::addGateCommand(app, g);
+  ptllm::app::addBenchCommand(app, g);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,172 @@
+// ptllm bench: throughput of our own paths, printed as `peer=ptllm mode=... key=value` lines in
+// the format of ../shared/peers so one summariser compares them side by side (bench/).
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <vector>
+
+#include "app/commands.h"
+#include "app/engine.h"
+#include "core/error.h"
+#include "core/rng.h"
+#include "core/thread_pool.h"
+#include "gate/paths.h"
+#include "kernels/cpu/cpu_kernels.h"
+#include "model/gpt2.h"
+#include "model/sampler.h"
+
+namespace ptllm::app {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+struct ModelArgs {
+  ModelConfig cfg;
+  int batch = 12, steps = 50, warmup = 3, tokens = 200;
+  ModelArgs() {
+    cfg.nLayer = 4;
+    cfg.nHead = 4;
+    cfg.nEmbd = 128;
+    cfg.blockSize = 64;
+    cfg.vocabSize = 65;  // tiny-shakespeare's character set
+  }
+};
+
+void addModelOptions(CLI::App* cmd, ModelArgs& a) {
+  cmd->add_option("--n-layer", a.cfg.nLayer)->capture_default_str();
+  cmd->add_option("--n-head", a.cfg.nHead)->capture_default_str();
+  cmd->add_option("--n-embd", a.cfg.nEmbd)->capture_default_str();
+  cmd->add_option("--block-size", a.cfg.blockSize)->capture_default_str();
+  cmd->add_option("--vocab", a.cfg.vocabSize)->capture_default_str();
+}
+
+std::string pathName(Gpt2& m) { return m.lastLinearPath(); }
+
+void benchTrain(const ModelArgs& a, const GlobalOptions& g) {
+  Engine e = makeEngine(g);
+  Gpt2 m(*e.ops, a.cfg);
+  m.initRandom(0);
+  m.setPaths(e.paths.get());
+  const int B = a.batch, T = a.cfg.blockSize;
+  Rng rng(0);
+  std::vector<int32_t> x(size_t(B) * T), y(x.size());
+  std::vector<double> times;
+  float loss = 0;
+  Clock::time_point start;
+  for (int s = 0; s < a.warmup + a.steps; ++s) {
+    if (s == a.warmup) start = Clock::now();
+    const auto t0 = Clock::now();
+    for (auto& t : x) t = int32_t(rng.below(uint64_t(a.cfg.vocabSize)));
+    for (auto& t : y) t = int32_t(rng.below(uint64_t(a.cfg.vocabSize)));
+    m.invalidatePackedWeights();
+    loss = m.forward(x.data(), y.data(), B, T);
+    m.zeroGrad();
+    m.backward();
+    m.clipGradNorm(1.0f);
+    m.adamwStep(1e-3f, 0.9f, 0.99f, 1e-8f, 0.1f);
+    if (s >= a.warmup) times.push_back(since(t0));
+  }
+  const double secs = since(start);
+  std::sort(times.begin(), times.end());
+  std::printf("peer=ptllm mode=train n_layer=%d n_head=%d n_embd=%d block=%d batch=%d steps=%d "
+              "threads=%d path=%s params=%lld loss=%.4f secs=%.3f step_ms_median=%.2f tok_s=%.1f\n",
+              a.cfg.nLayer, a.cfg.nHead, a.cfg.nEmbd, T, B, a.steps, threadCount(),
+              pathName(m).c_str(), (long long)m.numParams(), loss, secs,
+              times[times.size() / 2] * 1000, double(B) * T * a.steps / secs);
+}
+
+void benchSample(const ModelArgs& a, const GlobalOptions& g) {
+  Engine e = makeEngine(g);
+  Gpt2 m(*e.ops, a.cfg);
+  m.initRandom(0);
+  m.setPaths(e.paths.get());
+  m.prepareForInference();
+  Generator gen(m);
+  SampleOptions o;
+  o.temperature = 0;
+  std::vector<int32_t> prompt = {1, 2, 3, 4, 5, 6};  // "ROMEO:" has 6 characters
+  o.tokens = std::min(5, a.tokens);
+  gen.generate(prompt, o);  // warm-up, as the peer does
+  o.tokens = a.tokens;
+  const auto t0 = Clock::now();
+  gen.generate(prompt, o);
+  const double secs = since(t0);
+  std::printf("peer=ptllm mode=sample n_layer=%d n_head=%d n_embd=%d block=%d threads=%d path=%s "
+              "params=%lld tokens=%d secs=%.4f tok_s=%.2f\n",
+              a.cfg.nLayer, a.cfg.nHead, a.cfg.nEmbd, a.cfg.blockSize, threadCount(),
+              pathName(m).c_str(), (long long)m.numParams(), a.tokens, secs, a.tokens / secs);
+}
+
+// Median seconds of fn over `iters` calls after 3 warm-ups.
+template <typename F>
+double medianSeconds(F&& fn, int iters) {
+  for (int i = 0; i < 3; ++i) fn();
+  std::vector<double> t;
+  for (int i = 0; i < iters; ++i) {
+    const auto t0 = Clock::now();
+    fn();
+    t.push_back(since(t0));
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+void benchMatmul(const GlobalOptions& g, int iters) {
+  Engine e = makeEngine(g);
+  const PathEntry* f16 = findPath("f16-storage");
+  if (!f16) fail("bench matmul: this build has no f16-storage path");
+  const auto verdict = e.paths->ready("f16-storage").get();
+  // A path is timed only after it passed its gate (or with --paths f32 never).
+  if (!verdict.active()) fail("bench matmul: f16-storage is not active here (gate: {})", verdict.pass ? "PASS" : "FAIL");
+  struct S { int M, K, N; };
+  for (S s : {S{1, 4096, 4096}, S{1, 1024, 1024}, S{64, 1024, 1024}, S{256, 1024, 1024}}) {
+    Rng rng(1);
+    std::vector<float> x(size_t(s.M) * s.K), w(size_t(s.K) * s.N), b(size_t(s.N)), y(size_t(s.M) * s.N);
+    for (auto& v : x) v = rng.uniform(-1, 1);
+    for (auto& v : w) v = rng.uniform(-0.2f, 0.2f);
+    auto packed = e.ops->allocBytes(f16->packedBytes(s.K, s.N));
+    PTLLM_ASSERT(f16->prepare(packed->ptr, w.data(), s.K, s.N));
+    const double tf32 = medianSeconds([&] { e.ops->matmul(y.data(), x.data(), w.data(), b.data(), s.M, s.K, s.N); }, iters);
+    const double tf16 = medianSeconds([&] { f16->dispatch(y.data(), x.data(), packed->ptr, b.data(), s.M, s.K, s.N); }, iters);
+    const double flop = 2.0 * s.M * s.K * s.N, wElems = double(s.K) * s.N;
+    std::printf("peer=ptllm mode=matmul M=%d K=%d N=%d threads=%d f32_us=%.1f f16_us=%.1f "
+                "f16_speedup=%.2f f32_gflops=%.1f f16_gflops=%.1f f32_weight_gbs=%.1f "
+                "f16_weight_gbs=%.1f\n",
+                s.M, s.K, s.N, threadCount(), tf32 * 1e6, tf16 * 1e6, tf32 / tf16, flop / tf32 / 1e9,
+                flop / tf16 / 1e9, wElems * 4 / tf32 / 1e9, wElems * 2 / tf16 / 1e9);
+  }
+  // Gate cost: every gate from a fresh ops object, as at startup.
+  const auto t0 = Clock::now();
+  {
+    Engine fresh = makeEngine(g);
+    fresh.paths->results();
+  }
+  std::printf("peer=ptllm mode=gates threads=%d all_gates_ms=%.2f simd=%s\n", threadCount(),
+              since(t0) * 1000, cpu::simdTargetName());
+}
+
+}  // namespace
+
+void addBenchCommand(CLI::App& app, GlobalOptions& g) {
+  auto* cmd = app.add_subcommand("bench", "measure throughput (see bench/run_bench.sh for peers)");
+  cmd->require_subcommand(1);
+  auto a = std::make_shared<ModelArgs>();
+  auto* train = cmd->add_subcommand("train", "training tokens/s on random tokens");
+  addModelOptions(train, *a);
+  train->add_option("--batch-size", a->batch)->capture_default_str();
+  train->add_option("--steps", a->steps)->capture_default_str();
+  train->add_option("--warmup", a->warmup)->capture_default_str();
+  train->callback([a, &g] { g.apply(); benchTrain(*a, g); });
+  auto* sample = cmd->add_subcommand("sample", "greedy sampling tokens/s with the KV cache");
+  addModelOptions(sample, *a);
+  sample->add_option("--tokens", a->tokens)->capture_default_str();
+  sample->callback([a, &g] { g.apply(); benchSample(*a, g); });
+  auto iters = std::make_shared<int>(50);
+  auto* mm = cmd->add_subcommand("matmul", "f16-storage vs f32 matmul, GB/s of weight reads");
+  mm->add_option("--iters", *iters)->capture_default_str();
+  mm->callback([iters, &g] { g.apply(); benchMatmul(g, *iters); });
+}
+
+}  // namespace ptllm::app
