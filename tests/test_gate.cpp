@@ -56,7 +56,9 @@ void countingF16(float* out, const float* in, const void* w, const float* bias, 
   gDispatches.fetch_add(1);
   cpu::matmulF16(out, in, w, bias, M, K, N);
 }
-bool refusePrepare(void*, const float*, int, int) { return false; }
+bool refusePrepare(void*, const float*, int, int) {
+  return false;
+}
 
 PathEntry realEntry() {
   const PathEntry* e = findPath("f16-storage");

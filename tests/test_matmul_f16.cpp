@@ -8,6 +8,7 @@
 #include <limits>
 #include <vector>
 
+#include "core/half.h"
 #include "core/rng.h"
 #include "core/thread_pool.h"
 #include "kernels/cpu/cpu_kernels.h"
@@ -17,8 +18,6 @@
 namespace ptllm {
 namespace {
 
-using cpu::f16ToF32;
-using cpu::f32ToF16;
 
 constexpr float kEps = std::numeric_limits<float>::epsilon();
 

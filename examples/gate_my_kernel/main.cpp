@@ -30,8 +30,7 @@ void goodMatmul(float* out, const float* in, const void* w, const float* bias, i
 
 // A bad kernel: weights rounded to 8 bits of mantissa precision on the fly (a bf16-like
 // shortcut), which costs far more than the gate allows.
-void badMatmul(float* out, const float* in, const void* w, const float* bias, int M, int K,
-               int N) {
+void badMatmul(float* out, const float* in, const void* w, const float* bias, int M, int K, int N) {
   const float* W = static_cast<const float*>(w);
   for (int m = 0; m < M; ++m)
     for (int n = 0; n < N; ++n) {
@@ -49,7 +48,7 @@ ptllm::PathEntry entryFor(const char* name, ptllm::MatmulFn fn) {
   ptllm::PathEntry e;
   e.name = name;
   e.activeText = "my kernel active";
-  e.dispatch = fn;  // no prepare: it takes the f32 weight as is
+  e.dispatch = fn;                                 // no prepare: it takes the f32 weight as is
   e.gateShapes = {{64, 128, 128}, {33, 257, 65}};  // the spec's shape + an odd one
   return e;
 }

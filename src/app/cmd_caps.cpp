@@ -1,9 +1,9 @@
 // ptllm caps [--json]: what this machine can do (CPU model, Highway targets, feature flags) and,
 // per registered path, whether it is supported here, its gate verdict and whether it is active.
+#include <fmt/format.h>
+
 #include <cstdio>
 #include <string>
-
-#include <fmt/format.h>
 
 #include "app/commands.h"
 #include "app/engine.h"
@@ -18,10 +18,11 @@ std::string verdictText(const GateResult& r) {
   const GateMetric& m = r.metric;
   std::string s = r.pass ? "PASS" : "FAIL";
   if (!m.reason.empty()) s += " (" + m.reason + ")";
-  return s + fmt::format("  mean|ref|={:.2e} max_abs={:.2e} (limit {:.2e}) mean_rel={:.3f}% "
-                         "(limit {:.3f}%) max_rel={:.2f}%  {:.1f} ms",
-                         m.meanAbsRef, m.maxAbs, m.maxAbsLimit, m.meanRel * 100,
-                         m.meanRelLimit * 100, m.maxRel * 100, r.millis);
+  return s + fmt::format(
+                 "  mean|ref|={:.2e} max_abs={:.2e} (limit {:.2e}) mean_rel={:.3f}% "
+                 "(limit {:.3f}%) max_rel={:.2f}%  {:.1f} ms",
+                 m.meanAbsRef, m.maxAbs, m.maxAbsLimit, m.meanRel * 100, m.meanRelLimit * 100,
+                 m.maxRel * 100, r.millis);
 }
 
 void runCaps(const GlobalOptions& g, bool json) {

@@ -23,9 +23,9 @@
 namespace ptllm {
 namespace {
 
-const char* const kFlagNames[] = {"f16c",        "fma",         "avx",         "avx2",
-                                  "avx512f",     "avx512dq",    "avx512bw",    "avx512vl",
-                                  "avx512_bf16", "avx512_fp16", "avx_vnni",    "avx512_vnni",
+const char* const kFlagNames[] = {"f16c",        "fma",         "avx",      "avx2",
+                                  "avx512f",     "avx512dq",    "avx512bw", "avx512vl",
+                                  "avx512_bf16", "avx512_fp16", "avx_vnni", "avx512_vnni",
                                   "amx_tile",    "amx_bf16",    "amx_int8"};
 
 #ifdef PTLLM_X86
@@ -39,7 +39,9 @@ Regs cpuid(unsigned leaf, unsigned sub) {
   return r;
 }
 
-bool bit(unsigned v, int i) { return (v >> i) & 1u; }
+bool bit(unsigned v, int i) {
+  return (v >> i) & 1u;
+}
 
 uint64_t xgetbv0() {
   unsigned lo = 0, hi = 0;
@@ -76,10 +78,10 @@ void detectX86(std::map<std::string, bool>& f) {
   const Regs l7 = maxLeaf >= 7 ? cpuid(7, 0) : Regs{};
   const Regs l7s1 = (maxLeaf >= 7 && l7.a >= 1) ? cpuid(7, 1) : Regs{};
 
-  const uint64_t xcr0 = bit(l1.c, 27) ? xgetbv0() : 0;  // OSXSAVE
-  const bool osAvx = (xcr0 & 0x6) == 0x6;               // SSE + YMM state
+  const uint64_t xcr0 = bit(l1.c, 27) ? xgetbv0() : 0;   // OSXSAVE
+  const bool osAvx = (xcr0 & 0x6) == 0x6;                // SSE + YMM state
   const bool osAvx512 = osAvx && (xcr0 & 0xE0) == 0xE0;  // opmask, ZMM_Hi256, Hi16_ZMM
-  const bool osAmx = (xcr0 & 0x60000) == 0x60000;       // XTILECFG + XTILEDATA
+  const bool osAmx = (xcr0 & 0x60000) == 0x60000;        // XTILECFG + XTILEDATA
 
   f["avx"] = osAvx && bit(l1.c, 28);
   f["fma"] = osAvx && bit(l1.c, 12);

@@ -5,15 +5,14 @@
 #pragma once
 
 #include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 namespace ptllm {
 
 struct Capabilities {
-  std::string cpuModel;                 // cpuid brand string, e.g. "AMD EPYC 9654 96-Core Processor"
+  std::string cpuModel;  // cpuid brand string, e.g. "AMD EPYC 9654 96-Core Processor"
   std::vector<std::string> hwyTargets;  // Highway targets this CPU supports, best first
   std::string dispatchedTarget;         // the one the CPU kernels dispatched to
   // Flag name -> usable (CPU has it AND the OS saves its register state). Names, all listed

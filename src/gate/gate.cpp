@@ -1,11 +1,11 @@
 #include "gate/gate.h"
 
+#include <fmt/format.h>
+
 #include <chrono>
 #include <cmath>
 #include <exception>
 #include <limits>
-
-#include <fmt/format.h>
 
 #include "core/rng.h"
 
@@ -21,7 +21,9 @@ std::string pct3(double fraction) {
   return fmt::format("{:.2f}", p);
 }
 
-std::string shapeText(const GateShape& s) { return fmt::format("{}x{}x{}", s.M, s.K, s.N); }
+std::string shapeText(const GateShape& s) {
+  return fmt::format("{}x{}x{}", s.M, s.K, s.N);
+}
 
 GateMetric gateShape(Ops& ops, const PathEntry& e, const GateShape& s, uint64_t seed) {
   GateMetric fail;
@@ -97,7 +99,8 @@ GateResult runGate(Ops& ops, const PathEntry& e, uint64_t seed) {
     r.shapes.emplace_back(e.gateShapes[i], m);
   }
   if (!r.shapes.empty()) r.metric = r.shapes.front().second;
-  r.millis = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  r.millis =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   return r;
 }
 
@@ -138,7 +141,7 @@ nlohmann::json toJson(const GateResult& r) {
   j["ran"] = r.ran;
   j["pass"] = r.pass;
   j["active"] = r.active();
-  j["verdict"] = !r.supported ? "not supported"
+  j["verdict"] = !r.supported  ? "not supported"
                  : !r.selected ? "not selected"
                  : r.pass      ? "PASS"
                                : "FAIL";

@@ -1,8 +1,8 @@
 #include "gate/metric.h"
 
-#include <cmath>
-
 #include <fmt/format.h>
+
+#include <cmath>
 
 namespace ptllm {
 namespace {

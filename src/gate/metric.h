@@ -13,21 +13,20 @@
 #pragma once
 
 #include <cstddef>
-#include <string>
-
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "kernels/registry.h"
 
 namespace ptllm {
 
 struct GateMetric {
-  double meanAbsRef = 0;   // mean|ref|
-  double maxAbs = 0;       // max_abs
-  double maxAbsLimit = 0;  // thresholds.maxAbsOfMeanRef * mean|ref|
-  double meanRel = 0;      // mean_rel, a fraction (0.00075 = 0.075%)
+  double meanAbsRef = 0;    // mean|ref|
+  double maxAbs = 0;        // max_abs
+  double maxAbsLimit = 0;   // thresholds.maxAbsOfMeanRef * mean|ref|
+  double meanRel = 0;       // mean_rel, a fraction (0.00075 = 0.075%)
   double meanRelLimit = 0;  // thresholds.meanRel
-  double maxRel = 0;       // max_rel, a fraction; informational
+  double maxRel = 0;        // max_rel, a fraction; informational
   bool pass = false;
   // Empty when the numbers were computed and judged; otherwise why they could not be (non-finite
   // output, empty output, zero reference, a gate that could not run the path). A threshold

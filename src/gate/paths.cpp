@@ -1,9 +1,9 @@
 #include "gate/paths.h"
 
+#include <fmt/format.h>
+
 #include <cstdio>
 #include <mutex>
-
-#include <fmt/format.h>
 
 #include "core/error.h"
 
@@ -164,7 +164,7 @@ PathSet::PathSet(Ops& ops, PathSelection sel, Capabilities caps, std::vector<Pat
       if (!s.run) continue;
       GateResult r;
       try {
-        r = runGate(ops_, entries_[i]);  // catches what the path throws
+        r = runGate(ops_, entries_[i]);     // catches what the path throws
       } catch (const std::exception& ex) {  // e.g. bad_alloc in the runner itself
         r.path = entries_[i].name;
         r.activeText = entries_[i].activeText;
@@ -205,7 +205,9 @@ std::vector<GateResult> PathSet::results() const {
   return out;
 }
 
-bool PathSet::isActive(const std::string& name) { return ready(name).get().active(); }
+bool PathSet::isActive(const std::string& name) {
+  return ready(name).get().active();
+}
 
 std::vector<std::string> PathSet::activePills() {
   std::vector<std::string> pills;

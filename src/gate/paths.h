@@ -42,7 +42,7 @@ class PathSet {
   // `ops` must outlive the set and accept calls from the gate thread.
   PathSet(Ops& ops, PathSelection sel, Capabilities caps, std::vector<PathEntry> entries);
   PathSet(Ops& ops, PathSelection sel);  // detected capabilities, registeredPaths()
-  ~PathSet();  // waits for the gate thread
+  ~PathSet();                            // waits for the gate thread
   PathSet(const PathSet&) = delete;
   PathSet& operator=(const PathSet&) = delete;
 

@@ -29,6 +29,8 @@
 #include <string>
 #include <vector>
 
+#include "core/half.h"
+
 namespace ptllm::safetensors {
 
 // The dtypes this engine can read and write as f32.
@@ -38,12 +40,11 @@ const char* dtypeName(DType d);                         // "F32", "F16", "BF16"
 std::optional<DType> parseDType(const std::string& s);  // nullopt for any other string
 size_t dtypeSize(DType d);                              // 4, 2, 2
 
-// Bit-level conversions (round-to-nearest-even; NaN preserved as a quiet NaN; f16 overflow -> inf;
-// f16 subnormals handled exactly).
-uint16_t f32ToF16(float f);
-float f16ToF32(uint16_t h);
-uint16_t f32ToBf16(float f);
-float bf16ToF32(uint16_t h);
+// The conversions the reader and writer use (core/half.h).
+using ptllm::bf16ToF32;
+using ptllm::f16ToF32;
+using ptllm::f32ToBf16;
+using ptllm::f32ToF16;
 
 struct TensorInfo {
   std::string name;

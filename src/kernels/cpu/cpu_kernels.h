@@ -22,15 +22,18 @@ bool packF16(void* dst, const float* w, int K, int N);
 // out[M,N] = in[M,K] @ unpack(w16)[K,N] + bias[N]
 void matmulF16(float* out, const float* in, const void* w16, const float* bias, int M, int K,
                int N);
-// Scalar conversions (exact IEEE semantics), used by the packer's tests and the references.
-uint16_t f32ToF16(float f);
-float f16ToF32(uint16_t h);
 
 // attention.cpp
 void attentionForward(float* out, float* att, const float* qkv, int B, int Tq, int Tk, int C,
                       int NH);
 void attentionBackward(float* dqkv, const float* dout, const float* qkv, const float* att, int B,
                        int T, int C, int NH);
+
+// matmul.cpp's packed GEMM over f16 weights, used by matmulF16 above its GEMV rows.
+namespace detail {
+void matmulF16Gemm(float* out, const float* in, const uint16_t* w16, const float* bias, int M,
+                   int K, int N);
+}  // namespace detail
 
 // Name of the SIMD target Highway dispatched to on this machine (e.g. "AVX3_ZEN4").
 const char* simdTargetName();

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "core/half.h"
 #include "core/thread_pool.h"
 #include "kernels/cpu/cpu_kernels.h"
 
@@ -45,9 +46,6 @@ struct Scratch {
 };
 inline thread_local Scratch tlsA, tlsB;
 
-// Used by matmul_f16.cpp for M above its GEMV rows: out = in @ f16(w16)[K,N] + bias.
-void matmulF16Gemm(float* out, const float* in, const uint16_t* w16, const float* bias, int M,
-                   int K, int N);
 
 }  // namespace ptllm::cpu::detail
 #endif

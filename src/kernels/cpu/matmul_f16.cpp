@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "core/half.h"
 #include "core/thread_pool.h"
 #include "kernels/cpu/cpu_kernels.h"
 
@@ -18,14 +19,6 @@
 #include <hwy/highway.h>
 #include <hwy/targets.h>
 
-#ifndef PTLLM_KERNELS_CPU_MATMUL_F16_ONCE
-#define PTLLM_KERNELS_CPU_MATMUL_F16_ONCE
-namespace ptllm::cpu::detail {
-// Defined in matmul.cpp (shares its packed GEMM).
-void matmulF16Gemm(float* out, const float* in, const uint16_t* w16, const float* bias, int M,
-                   int K, int N);
-}  // namespace ptllm::cpu::detail
-#endif
 
 HWY_BEFORE_NAMESPACE();
 namespace ptllm::cpu::HWY_NAMESPACE {
@@ -129,54 +122,6 @@ HWY_EXPORT(TargetNameT);
 
 size_t f16PackedBytes(int K, int N) {
   return size_t(K) * size_t(N) * sizeof(uint16_t);
-}
-
-// IEEE binary16, round to nearest even, subnormals kept; NaN stays NaN (quiet), overflow -> inf.
-uint16_t f32ToF16(float f) {
-  uint32_t x;
-  std::memcpy(&x, &f, sizeof x);
-  const uint16_t sign = uint16_t((x >> 16) & 0x8000u);
-  const uint32_t ax = x & 0x7fffffffu;
-  if (ax >= 0x7f800000u) return uint16_t(sign | 0x7c00u | (ax > 0x7f800000u ? 0x200u : 0u));
-  if (ax >= 0x477ff000u) return uint16_t(sign | 0x7c00u);  // >= 65520: the tie rounds to inf
-  if (ax >= 0x38800000u) {                                 // >= 2^-14: normal
-    uint32_t r = ax - 0x38000000u;                         // rebias exponent 127 -> 15
-    r += 0xfffu + ((r >> 13) & 1u);                        // round half to even at bit 13
-    return uint16_t(sign | (r >> 13));
-  }
-  if (ax <= 0x33000000u) return sign;  // <= 2^-25: rounds to (signed) zero, the tie to even
-  // Subnormal: units of 2^-24. value = mant * 2^(e-150) -> q = mant >> (126 - e).
-  const uint32_t e = ax >> 23, mant = (ax & 0x7fffffu) | 0x800000u;
-  const uint32_t s = 126u - e;  // 14..24
-  uint32_t q = mant >> s;
-  const uint32_t rem = mant & ((1u << s) - 1u), half = 1u << (s - 1u);
-  if (rem > half || (rem == half && (q & 1u))) ++q;  // may carry into the smallest normal
-  return uint16_t(sign | q);
-}
-
-float f16ToF32(uint16_t h) {
-  const uint32_t sign = uint32_t(h & 0x8000u) << 16;
-  int32_t e = (h >> 10) & 0x1f;
-  uint32_t m = h & 0x3ffu, bits;
-  if (e == 0x1f) {
-    bits = sign | 0x7f800000u | (m << 13);
-  } else if (e == 0) {
-    if (m == 0) {
-      bits = sign;
-    } else {  // subnormal m * 2^-24: normalise
-      e = 1;
-      while (!(m & 0x400u)) {
-        m <<= 1;
-        --e;
-      }
-      bits = sign | (uint32_t(e + 112) << 23) | ((m & 0x3ffu) << 13);
-    }
-  } else {
-    bits = sign | (uint32_t(e + 112) << 23) | (m << 13);
-  }
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
 }
 
 bool packF16(void* dst, const float* w, int K, int N) {
