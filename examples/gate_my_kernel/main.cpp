@@ -28,8 +28,8 @@ void goodMatmul(float* out, const float* in, const void* w, const float* bias, i
   }
 }
 
-// A bad kernel: weights rounded to 8 bits of mantissa precision on the fly (a bf16-like
-// shortcut), which costs far more than the gate allows.
+// A bad kernel: weights rounded to 6 significant bits on the fly (coarser than
+// bf16), which costs far more than the gate allows.
 void badMatmul(float* out, const float* in, const void* w, const float* bias, int M, int K, int N) {
   const float* W = static_cast<const float*>(w);
   for (int m = 0; m < M; ++m)

@@ -15,6 +15,18 @@ inline void cpuRelax() {
   __builtin_ia32_pause();
 #endif
 }
+
+// Waits for `done()`: spins briefly (the common case is a few microseconds), then yields the
+// core so that a descheduled worker on an oversubscribed machine can finish its task.
+template <typename Pred>
+void spinThenYield(Pred done) {
+  for (int i = 0; !done(); ++i) {
+    if (i < 256)
+      cpuRelax();
+    else
+      std::this_thread::yield();
+  }
+}
 }  // namespace
 
 ThreadPool::ThreadPool(int threads) {
@@ -46,9 +58,12 @@ void ThreadPool::workerLoop() {
     {
       // Spin briefly (kernels are called back to back), then sleep.
       std::unique_lock<std::mutex> lk(mu_);
-      for (int i = 0; i < 2000 && !stop_ && generation_ == seen; ++i) {
+      for (int i = 0; i < 200 && !stop_ && generation_ == seen; ++i) {
         lk.unlock();
-        cpuRelax();
+        if (i < 100)
+          cpuRelax();
+        else
+          std::this_thread::yield();
         lk.lock();
       }
       wake_.wait(lk, [&] { return stop_ || generation_ != seen; });
@@ -86,14 +101,14 @@ void ThreadPool::run(int tasks, const std::function<void(int)>& fn) {
   tInsideTask = true;
   drain(fn, tasks);
   tInsideTask = false;
-  while (done_.load(std::memory_order_acquire) < tasks) cpuRelax();
+  spinThenYield([&] { return done_.load(std::memory_order_acquire) >= tasks; });
   // Retire the job: a worker that wakes from now on finds no job; one that took it already
   // is counted in active_ and must leave drain() before `fn` goes out of scope.
   std::unique_lock<std::mutex> lk(mu_);
   job_ = nullptr;
   while (active_ > 0) {
     lk.unlock();
-    cpuRelax();
+    std::this_thread::yield();
     lk.lock();
   }
 }
