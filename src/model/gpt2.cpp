@@ -266,6 +266,16 @@ std::vector<float> Gpt2::logitsHost() const {
   return out;
 }
 
+std::vector<std::vector<float>> Gpt2::blockOutputsHost() const {
+  PTLLM_ASSERT(acts_, "no forward has run");
+  std::vector<std::vector<float>> out;
+  for (const Tensor& t : acts_->res3) {
+    out.emplace_back(size_t(t.numel()));
+    ops_.download(out.back().data(), t);
+  }
+  return out;
+}
+
 void Gpt2::zeroGrad() { ops_.fill(gradBuf_.data(), 0.0f, numParams_); }
 
 void Gpt2::backward() {

@@ -74,6 +74,8 @@ class Gpt2 {
   Tensor& adamV();
   // Logits of the last forward, [B*T, V], copied to the host.
   std::vector<float> logitsHost() const;
+  // Residual stream after each block of the last forward, [nLayer][B*T*C] (diagnostics).
+  std::vector<std::vector<float>> blockOutputsHost() const;
 
   // ---- inference with a KV cache (batch 1) ----
   void resetCache();

@@ -38,7 +38,7 @@ template <int R>
 void GemvF16Rows(float* out, const float* in, const uint16_t* w, const float* bias, int K, int N) {
   const DF d;
   const int L = (int)hn::Lanes(d);
-  constexpr int kCB = 1024;  // output sub-block: R x 4 KiB stays in L1 while w streams through
+  constexpr int kCB = 4096;  // output sub-block: R x 16 KiB stays in L1 while w streams through
   const int64_t nBlocks = (N + 63) / 64;
   const int64_t grain = std::max<int64_t>(1, 4096 / std::max(K, 1));
   pool().parallelFor(nBlocks, grain, [&](int64_t b0, int64_t b1) {
