@@ -4,6 +4,8 @@
 // determinism.
 #include <gtest/gtest.h>
 
+#include <cstdio>
+
 #include <atomic>
 #include <cmath>
 #include <cstring>
@@ -181,6 +183,7 @@ TEST_F(Gate, BrokenVariantsFailAndAreNeverUsed) {
     EXPECT_FALSE(r.active());
     EXPECT_EQ(r.metric.reason, c.reason);
     const std::string line = consoleLine(r);
+    std::printf("%s\n", line.c_str());  // quoted in docs/precision.md
     const std::string verdict = c.reason.empty() ? "— FAIL —" : "— FAIL (" + c.reason + ") —";
     EXPECT_NE(line.find(verdict), std::string::npos) << line;
     EXPECT_NE(line.find("falling back to f32"), std::string::npos) << line;
