@@ -73,7 +73,9 @@ TEST_P(OpsVsRef, GeluForwardBackward) {
     auto gr = poisoned(size_t(n)), gc = poisoned(size_t(n));
     ref->geluBackward(gr.data(), x.data(), dy.data(), n);
     cpu->geluBackward(gc.data(), x.data(), dy.data(), n);
-    EXPECT_LE(worstRatio(gc.data(), gr.data(), size_t(n), 1e-6, 1e-5), 1.0) << n;
+    // gelu' contains x * (1 - tanh^2 u) * sqrt(2/pi) (1 + 0.134 x^2): an error of a few ulp in
+    // the vector tanh (~2e-7) is amplified by 2|x| * 0.8 * (1 + 0.134 x^2) <= 56 at |x| <= 6.
+    EXPECT_LE(worstRatio(gc.data(), gr.data(), size_t(n), 1.2e-5, 1e-5), 1.0) << n;
   }
 }
 

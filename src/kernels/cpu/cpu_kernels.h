@@ -23,6 +23,10 @@ bool packF16(void* dst, const float* w, int K, int N);
 void matmulF16(float* out, const float* in, const void* w16, const float* bias, int M, int K,
                int N);
 
+// gelu.cpp — tanh approximation; out/din may alias in/dout.
+void geluForward(float* out, const float* in, int64_t n);
+void geluBackward(float* din, const float* in, const float* dout, int64_t n);
+
 // attention.cpp
 void attentionForward(float* out, float* att, const float* qkv, int B, int Tq, int Tk, int C,
                       int NH);

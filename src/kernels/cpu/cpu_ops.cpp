@@ -15,11 +15,6 @@ namespace {
 
 constexpr int64_t kElemGrain = 1 << 14;  // elementwise work per thread below which we stay serial
 
-float geluTanh(float x) {
-  const float u = 0.7978845608f * (x + 0.044715f * x * x * x);
-  return 0.5f * x * (1.0f + std::tanh(u));
-}
-
 class CpuOps final : public Ops {
  public:
   Device device() const override { return Device::CPU; }
@@ -120,21 +115,10 @@ class CpuOps final : public Ops {
   }
 
   void geluForward(float* out, const float* in, int64_t n) override {
-    pool().parallelFor(n, kElemGrain / 4, [&](int64_t s, int64_t e) {
-      for (int64_t i = s; i < e; ++i) out[i] = geluTanh(in[i]);
-    });
+    cpu::geluForward(out, in, n);
   }
   void geluBackward(float* din, const float* in, const float* dout, int64_t n) override {
-    pool().parallelFor(n, kElemGrain / 4, [&](int64_t s, int64_t e) {
-      for (int64_t i = s; i < e; ++i) {
-        const float x = in[i];
-        const float u = 0.7978845608f * (x + 0.044715f * x * x * x);
-        const float th = std::tanh(u);
-        const float g = 0.5f * (1.0f + th) +
-                        0.5f * x * (1.0f - th * th) * 0.7978845608f * (1.0f + 0.134145f * x * x);
-        din[i] = g * dout[i];
-      }
-    });
+    cpu::geluBackward(din, in, dout, n);
   }
 
   void attentionForward(float* out, float* att, const float* qkv, int B, int Tq, int Tk, int C,
