@@ -6,6 +6,7 @@
 #include "app/engine.h"
 #include "core/error.h"
 #include "model/checkpoint.h"
+#include "model/model_gate.h"
 #include "model/sampler.h"
 
 namespace ptllm::app {
@@ -24,7 +25,10 @@ void addSampleCommand(CLI::App& app, GlobalOptions& g) {
   cmd->add_option("--top-k", a->s.topK, "keep the k most likely (0: off)")->capture_default_str();
   cmd->add_option("--top-p", a->s.topP, "nucleus sampling mass (1: off)")->capture_default_str();
   cmd->add_option("--seed", a->s.seed, "sampling seed")->capture_default_str();
-  cmd->callback([a, &g] {
+  auto noSentinel = std::make_shared<bool>(false);
+  cmd->add_flag("--no-sentinel", *noSentinel, "no f32 drift checks every 256 tokens");
+  cmd->callback([a, noSentinel, &g] {
+    if (*noSentinel) a->s.sentinelEvery = 0;
     g.apply();
     const auto t0 = std::chrono::steady_clock::now();
     Engine engine = makeEngine(g);  // gates start now, in the background
@@ -35,7 +39,10 @@ void addSampleCommand(CLI::App& app, GlobalOptions& g) {
     if (prompt.empty()) fail("--prompt is empty");
     Gpt2& model = *lm.model;
     model.setPaths(engine.paths.get());
-    model.prepareForInference();  // waits for the gate, packs weights for the active path
+    ModelGate modelGate(model, &*lm.tokenizer);  // end-to-end + loss gates, in the background
+    model.prepareForInference();  // waits for the matmul gate, packs weights for the active path
+    modelGate.apply();            // waits for the model gates; demotes the path if they failed
+    model.prepareForInference();
     const double warm = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::fprintf(stderr, "inference warmed up in %.1fs%s — ready to generate.\n", warm,
                  engine.paths->statusClause().c_str());

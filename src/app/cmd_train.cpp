@@ -8,6 +8,7 @@
 #include "app/commands.h"
 #include "app/engine.h"
 #include "core/error.h"
+#include "model/model_gate.h"
 #include "model/trainer.h"
 
 namespace ptllm::app {
@@ -70,6 +71,8 @@ void addTrainCommand(CLI::App& app, GlobalOptions& g) {
     Engine engine = makeEngine(g);
     Trainer trainer(*engine.ops, *o);
     trainer.model().setPaths(engine.paths.get());
+    // The loss gate decides whether the fast path may serve the training forward.
+    ModelGate(trainer.model(), &trainer.tokenizer()).apply();
     const auto& opts = trainer.options();
     const auto& c = trainer.model().config();
     std::fprintf(stderr,

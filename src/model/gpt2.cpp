@@ -1,5 +1,6 @@
 #include "model/gpt2.h"
 
+#include <algorithm>
 #include <cmath>
 #include <mutex>
 
@@ -132,34 +133,39 @@ void Gpt2::invalidatePackedWeights() {
     }
 }
 
-void Gpt2::prepareForInference() {
-  if (!paths_) return;
-  const PathEntry* path = paths_->forwardPath();
-  if (!path || !path->prepare) return;
-  for (auto& L : layers_)
-    for (Linear* l : {&L.attn, &L.proj, &L.fc, &L.fcProj}) {
-      if (l->packedFor == path || l->ineligible) continue;
-      auto buf = ops_.allocBytes(path->packedBytes(l->K, l->N));
-      if (path->prepare(buf->ptr, param(*l->w), l->K, l->N)) {
-        l->packed = std::move(buf);
-        l->packedFor = path;
-      } else {
-        l->ineligible = true;
-        std::fprintf(stderr, "[ops] %s: %s is not representable on this path, it stays on f32\n",
-                     path->name.c_str(), l->w->name.c_str());
-      }
-    }
+const PathEntry* Gpt2::fastPath(bool training) {
+  if (!paths_ || forceF32_ || !(training ? pathInTraining_ : pathInInference_)) return nullptr;
+  return paths_->forwardPath();
 }
 
-void Gpt2::linear(Linear& l, float* out, const float* in, int M) {
-  const PathEntry* path = paths_ ? paths_->forwardPath() : nullptr;
+void Gpt2::prepareForInference() {
+  const PathEntry* path = fastPath(false);
+  if (!path || !path->prepare) return;
+  for (auto& L : layers_)
+    for (Linear* l : {&L.attn, &L.proj, &L.fc, &L.fcProj})
+      if (l->packedFor != path && !l->ineligible) pack(*l, path);
+}
+
+void Gpt2::pack(Linear& l, const PathEntry* path) {
+  auto buf = ops_.allocBytes(path->packedBytes(l.K, l.N));
+  if (path->prepare(buf->ptr, param(*l.w), l.K, l.N)) {
+    l.packed = std::move(buf);
+    l.packedFor = path;
+  } else {
+    l.ineligible = true;
+    std::fprintf(stderr, "[ops] %s: %s is not representable on this path, it stays on f32\n",
+                 path->name.c_str(), l.w->name.c_str());
+  }
+}
+
+void Gpt2::linear(Linear& l, float* out, const float* in, int M, const PathEntry* path) {
   if (path && !l.ineligible) {
     if (!path->prepare) {
       path->dispatch(out, in, param(*l.w), param(*l.b), M, l.K, l.N);
       lastLinearPath_ = path->name;
       return;
     }
-    if (l.packedFor != path) prepareForInference();  // packs lazily after invalidation
+    if (l.packedFor != path) pack(l, path);  // lazily, after invalidation
     if (l.packedFor == path) {
       path->dispatch(out, in, l.packed->ptr, param(*l.b), M, l.K, l.N);
       lastLinearPath_ = path->name;
@@ -220,21 +226,22 @@ float Gpt2::forward(const int32_t* inputs, const int32_t* targets, int B, int T)
   a.inputs.assign(inputs, inputs + M);
   a.targets.clear();
 
+  const PathEntry* path = fastPath(true);
   ops_.embeddingForward(a.encoded.data(), inputs, param(*wte_), param(*wpe_), B, T, C, 0);
   const float* x = a.encoded.data();
   for (int l = 0; l < cfg_.nLayer; ++l) {
     Layer& L = layers_[size_t(l)];
     ops_.layernormForward(a.ln1[l].data(), a.ln1Mean[l].data(), a.ln1Rstd[l].data(), x,
                           param(*L.ln1w), param(*L.ln1b), M, C);
-    linear(L.attn, a.qkv[l].data(), a.ln1[l].data(), M);
+    linear(L.attn, a.qkv[l].data(), a.ln1[l].data(), M, path);
     ops_.attentionForward(a.atty[l].data(), a.att[l].data(), a.qkv[l].data(), B, T, T, C, NH);
-    linear(L.proj, a.attProj[l].data(), a.atty[l].data(), M);
+    linear(L.proj, a.attProj[l].data(), a.atty[l].data(), M, path);
     ops_.add(a.res2[l].data(), x, a.attProj[l].data(), int64_t(M) * C);
     ops_.layernormForward(a.ln2[l].data(), a.ln2Mean[l].data(), a.ln2Rstd[l].data(),
                           a.res2[l].data(), param(*L.ln2w), param(*L.ln2b), M, C);
-    linear(L.fc, a.fch[l].data(), a.ln2[l].data(), M);
+    linear(L.fc, a.fch[l].data(), a.ln2[l].data(), M, path);
     ops_.geluForward(a.fchGelu[l].data(), a.fch[l].data(), int64_t(M) * 4 * C);
-    linear(L.fcProj, a.fcProj[l].data(), a.fchGelu[l].data(), M);
+    linear(L.fcProj, a.fcProj[l].data(), a.fchGelu[l].data(), M, path);
     ops_.add(a.res3[l].data(), a.res2[l].data(), a.fcProj[l].data(), int64_t(M) * C);
     x = a.res3[l].data();
   }
@@ -263,6 +270,29 @@ std::vector<float> Gpt2::logitsHost() const {
   PTLLM_ASSERT(acts_, "no forward has run");
   std::vector<float> out(size_t(acts_->logits.numel()));
   ops_.download(out.data(), acts_->logits);
+  return out;
+}
+
+std::vector<Gpt2::LinearSample> Gpt2::linearSamples(int maxRows) {
+  PTLLM_ASSERT(acts_ && cfg_.nLayer > 0, "no forward has run");
+  const Acts& a = *acts_;
+  const int M = std::min(maxRows, a.B * a.T);
+  Layer& L = layers_[0];
+  const std::pair<Linear*, const Tensor*> inputs[] = {
+      {&L.attn, &a.ln1[0]}, {&L.proj, &a.atty[0]}, {&L.fc, &a.ln2[0]}, {&L.fcProj, &a.fchGelu[0]}};
+  std::vector<float> params(static_cast<size_t>(numParams_));
+  ops_.download(params.data(), paramBuf_);
+  std::vector<LinearSample> out;
+  for (auto [l, t] : inputs) {
+    LinearSample s{l->w->name, M, l->K, l->N, {}, {}, {}};
+    std::vector<float> all(static_cast<size_t>(t->numel()));
+    ops_.download(all.data(), *t);
+    s.in.assign(all.begin(), all.begin() + int64_t(M) * l->K);
+    const auto at = [&](const ParamInfo* q) { return params.begin() + q->offset; };
+    s.w.assign(at(l->w), at(l->w) + l->w->numel());
+    s.bias.assign(at(l->b), at(l->b) + l->b->numel());
+    out.push_back(std::move(s));
+  }
   return out;
 }
 
@@ -385,19 +415,20 @@ void Gpt2::forwardCached(const int32_t* tokens, int n, float* logitsOut) {
   float* y = a.atty[0].data();
   float* proj = a.attProj[0].data();
   float* h = a.fch[0].data();
+  const PathEntry* path = fastPath(false);
   ops_.embeddingForward(x, tokens, param(*wte_), param(*wpe_), 1, n, C, p0);
   for (int l = 0; l < cfg_.nLayer; ++l) {
     Layer& L = layers_[size_t(l)];
     float* qkv = kvCache_[size_t(l)].data();  // rows [0, Tk) valid after the linear below
     ops_.layernormForward(ln, nullptr, nullptr, x, param(*L.ln1w), param(*L.ln1b), n, C);
-    linear(L.attn, qkv + int64_t(p0) * 3 * C, ln, n);
+    linear(L.attn, qkv + int64_t(p0) * 3 * C, ln, n, path);
     ops_.attentionForward(y, a.att[0].data(), qkv, 1, n, Tk, C, NH);
-    linear(L.proj, proj, y, n);
+    linear(L.proj, proj, y, n, path);
     ops_.add(x, x, proj, int64_t(n) * C);
     ops_.layernormForward(ln, nullptr, nullptr, x, param(*L.ln2w), param(*L.ln2b), n, C);
-    linear(L.fc, h, ln, n);
+    linear(L.fc, h, ln, n, path);
     ops_.geluForward(h, h, int64_t(n) * 4 * C);
-    linear(L.fcProj, proj, h, n);
+    linear(L.fcProj, proj, h, n, path);
     ops_.add(x, x, proj, int64_t(n) * C);
   }
   const float* last = x + int64_t(n - 1) * C;

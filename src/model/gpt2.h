@@ -56,6 +56,28 @@ class Gpt2 {
   void prepareForInference();
   // Name of the path the last forward linear ran on ("f32" or a registry name).
   const std::string& lastLinearPath() const { return lastLinearPath_; }
+  // Where the active fast path may run, as the model-level gates decided (model/model_gate.h):
+  // the training forward (forward(), which also computes eval losses) and/or inference
+  // (forwardCached()). Both allowed by default; the matmul gates still decide first.
+  void setPathUse(bool training, bool inference) {
+    pathInTraining_ = training;
+    pathInInference_ = inference;
+  }
+  bool pathAllowedInTraining() const { return pathInTraining_; }
+  bool pathAllowedInInference() const { return pathInInference_; }
+  // Forces the canonical f32 path for every forward while set (drift sentinel recomputes, the
+  // model-level gates' f32 side).
+  void setForceF32(bool on) { forceF32_ = on; }
+  // One forward linear layer's real weight and input (after a forward), for the workload gate:
+  // the first layer's four linears, at most maxRows rows of input each.
+  struct LinearSample {
+    std::string label;  // weight name
+    int M, K, N;
+    std::vector<float> in, w, bias;
+  };
+  std::vector<LinearSample> linearSamples(int maxRows);
+  // The fast path the next forward would use (nullptr: f32), waiting for its gate.
+  const PathEntry* fastPath(bool training);
 
   // ---- training ----
   // Forward over inputs[B,T] (T <= blockSize). With targets, returns the mean loss (targets < 0
@@ -89,7 +111,8 @@ class Gpt2 {
   struct Layer;
   struct Acts;
   void buildParams();
-  void linear(Linear& l, float* out, const float* in, int M);
+  void linear(Linear& l, float* out, const float* in, int M, const PathEntry* path);
+  void pack(Linear& l, const PathEntry* path);
   void linearBackward(Linear& l, float* dIn, const float* dOut, const float* in, int M);
   void ensureActs(int B, int T);
   void ensureCache();
@@ -105,6 +128,7 @@ class Gpt2 {
   const ParamInfo *wte_ = nullptr, *wpe_ = nullptr, *lnfW_ = nullptr, *lnfB_ = nullptr;
   PathSet* paths_ = nullptr;
   std::string lastLinearPath_ = "f32";
+  bool pathInTraining_ = true, pathInInference_ = true, forceF32_ = false;
   std::unique_ptr<Acts> acts_;
   // KV cache: per layer the fused qkv rows of every cached position, [blockSize, 3C].
   std::vector<Tensor> kvCache_;

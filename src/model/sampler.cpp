@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <numeric>
 
 #include "core/error.h"
@@ -57,6 +58,41 @@ void Generator::feed(const std::vector<int32_t>& tokens) {
   model_.forwardCached(context_.data() + model_.cachedTokens(), fresh, logits_.data());
 }
 
+void Generator::checkDrift(int generated) {
+  const PathEntry* path = model_.fastPath(false);
+  if (!path) return;
+  const int V = model_.config().vocabSize, n = int(context_.size());
+  model_.setForceF32(true);
+  model_.forward(context_.data(), nullptr, 1, n);
+  model_.setForceF32(false);
+  const auto all = model_.logitsHost();
+  const float* ref = all.data() + int64_t(n - 1) * V;
+  double maxAbs = 0, meanRef = 0;
+  for (int v = 0; v < V; ++v) {
+    const double d = std::fabs(double(logits_[v]) - ref[v]);
+    maxAbs = std::isnan(d) ? INFINITY : std::max(maxAbs, d);
+    meanRef += std::fabs(ref[v]) / V;
+  }
+  const double limit = 0.01 * meanRef;
+  const bool sameTop = std::max_element(logits_.begin(), logits_.end()) - logits_.begin() ==
+                       std::max_element(ref, ref + V) - ref;
+  ++sentinel_.checks;
+  sentinel_.lastMaxAbs = maxAbs;
+  sentinel_.lastLimit = limit;
+  if (sameTop && maxAbs < limit) return;
+  // Drift: f32 for the rest of this run; re-encode the context on f32 and continue from it.
+  sentinel_.demoted = true;
+  sentinel_.demotedAt = generated;
+  sentinel_.line = fmt::format(
+      "[ops] drift sentinel: {} drifted from f32 at token {} (top-1 {}, max|dlogit|={:.3g}, limit "
+      "{:.3g}) — f32 for the rest of this run",
+      path->name, generated, sameTop ? "agrees" : "differs", maxAbs, limit);
+  std::fprintf(stderr, "%s\n", sentinel_.line.c_str());
+  model_.setPathUse(model_.pathAllowedInTraining(), false);
+  model_.resetCache();
+  model_.forwardCached(context_.data(), n, logits_.data());
+}
+
 std::vector<int32_t> Generator::generate(const std::vector<int32_t>& prompt,
                                          const SampleOptions& opt,
                                          const std::function<void(int32_t)>& onToken) {
@@ -69,6 +105,7 @@ std::vector<int32_t> Generator::generate(const std::vector<int32_t>& prompt,
   Rng rng(opt.seed);
   context_.clear();
   slides_ = 0;
+  sentinel_ = {};
   model_.resetCache();
   const int T = model_.config().blockSize;
   // A prompt longer than the context keeps its last block.
@@ -78,6 +115,7 @@ std::vector<int32_t> Generator::generate(const std::vector<int32_t>& prompt,
   std::vector<int32_t> out;
   const int V = model_.config().vocabSize;
   for (int i = 0; i < opt.tokens; ++i) {
+    if (opt.sentinelEvery > 0 && i > 0 && i % opt.sentinelEvery == 0 && !sentinel_.demoted) checkDrift(i);
     const int32_t next = sampleToken(logits_.data(), V, opt, rng);
     out.push_back(next);
     if (onToken) onToken(next);

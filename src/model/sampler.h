@@ -20,6 +20,19 @@ struct SampleOptions {
   int topK = 0;              // 0: off
   float topP = 1.0f;         // 1: off
   uint64_t seed = 1337;
+  // Drift sentinel: every this many generated tokens, while a fast path serves inference,
+  // recompute the current step on f32 and compare the logits (top-1 and max |diff| against the
+  // gate's bound, 1% of mean |logit|); on drift the fast path is demoted for the rest of the
+  // run. 0: off (--no-sentinel).
+  int sentinelEvery = 256;
+};
+
+struct SentinelReport {
+  int checks = 0;
+  bool demoted = false;
+  int demotedAt = -1;  // generated-token index of the failing check
+  double lastMaxAbs = 0, lastLimit = 0;
+  std::string line;    // the one console line printed on demotion
 };
 
 // Picks the next token from logits[V] (softmax with temperature, top-k, top-p).
@@ -35,13 +48,16 @@ class Generator {
   // Full-context tokens currently encoded in the cache (for tests).
   const std::vector<int32_t>& context() const { return context_; }
   int slides() const { return slides_; }
+  const SentinelReport& sentinel() const { return sentinel_; }
 
  private:
   void feed(const std::vector<int32_t>& tokens);  // prefill, sliding if needed
+  void checkDrift(int generated);
   Gpt2& model_;
   std::vector<int32_t> context_;
   std::vector<float> logits_;
   int slides_ = 0;
+  SentinelReport sentinel_;
 };
 
 }  // namespace ptllm

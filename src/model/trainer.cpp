@@ -2,11 +2,13 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "core/file_io.h"
+#include "model/model_gate.h"
 
 namespace ptllm {
 
@@ -189,6 +191,21 @@ StepReport Trainer::step() {
   Gpt2& m = *model_;
   m.invalidatePackedWeights();  // the spec's invalidateF16Cache at the top of trainStep
   StepReport r;
+  // The loss gate again on the weights as they are now (after the first update and at every
+  // evaluation): a path that, say, kept stale weights across an update is caught here and the
+  // training forward goes back to f32.
+  if ((step_ == 1 || (opts_.evalEvery > 0 && step_ % opts_.evalEvery == 0)) && m.fastPath(true)) {
+    double ref = 0, fast = 0;
+    const double rel = lossGateRel(m, x_.data(), y_.data(), B, T, &ref, &fast);
+    if (!(rel < 0.001)) {
+      m.setPathUse(false, m.pathAllowedInInference());
+      std::fprintf(stderr,
+                   "[ops] %s loss gate at step %d: loss f32=%.6f, fast=%.6f, rel diff=%.4f%% (limit "
+                   "0.100%%) — FAIL — the training forward stays f32\n",
+                   m.lastLinearPath().c_str(), step_, ref, fast, 100 * rel);
+      m.invalidatePackedWeights();
+    }
+  }
   r.trainLoss = m.forward(x_.data(), y_.data(), B, T);
   if (!std::isfinite(r.trainLoss)) fail("training diverged: loss is {} at step {}", r.trainLoss, step_ + 1);
   m.zeroGrad();

@@ -1,0 +1,206 @@
+// The model-level gates and the drift sentinel, and the fault matrix's model-side rows: a path
+// that diverges only after 50 tokens (end-to-end gate), one that drifts only late in a long
+// generation (drift sentinel), one that keeps stale weights after a train step (loss gate
+// re-run after the update) — and the real f16-storage path passing all of them.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstring>
+#include <map>
+
+#include "core/file_io.h"
+#include "gate/paths.h"
+#include "kernels/cpu/cpu_kernels.h"
+#include "kernels/ops.h"
+#include "model/checkpoint.h"
+#include "model/model_gate.h"
+#include "model/sampler.h"
+#include "model/trainer.h"
+#include "test_util.h"
+
+namespace ptllm {
+namespace {
+
+const std::string kModel = std::string(PTLLM_SOURCE_DIR) + "/models/shakespeare.safetensors";
+
+// Counts M==1 dispatches (decode steps) once armed; corrupts every output after `after` of them.
+std::atomic<bool> gArmed{false};
+std::atomic<int> gDecodeCalls{0};
+std::atomic<int> gCorruptAfter{0};
+void lateCorrupting(float* out, const float* in, const void* w, const float* bias, int M, int K, int N) {
+  cpu::matmulF16(out, in, w, bias, M, K, N);
+  if (!gArmed || M != 1) return;
+  if (gDecodeCalls.fetch_add(1) >= gCorruptAfter)
+    for (int n = 0; n < N; ++n) out[n] += 0.5f;
+}
+
+PathEntry variant(const std::string& name, MatmulFn fn, PrepareFn prep = nullptr) {
+  PathEntry e = *findPath("f16-storage");
+  e.name = name;
+  e.dispatch = fn;
+  if (prep) e.prepare = prep;
+  return e;
+}
+
+struct Loaded {
+  std::unique_ptr<Ops> ops = makeCpuOps();
+  std::unique_ptr<PathSet> paths;
+  LoadedModel lm;
+};
+Loaded load(std::vector<PathEntry> entries) {
+  Loaded l;
+  l.paths = std::make_unique<PathSet>(*l.ops, PathSelection{}, detectCapabilities(), std::move(entries));
+  l.lm = loadCheckpoint(*l.ops, kModel);
+  l.lm.model->setPaths(l.paths.get());
+  l.paths->results();  // matmul gates settled before the fault is armed
+  return l;
+}
+
+class ModelGates : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!fileExists(kModel)) GTEST_SKIP() << "no bundled model";
+    gArmed = false;
+    gDecodeCalls = 0;
+  }
+  void TearDown() override { gArmed = false; }
+};
+
+TEST_F(ModelGates, RealF16PathPassesEveryModelGate) {
+  Loaded l = load({*findPath("f16-storage")});
+  ModelGate gate(*l.lm.model, &*l.lm.tokenizer);
+  const ModelGateReport& r = gate.apply();
+  EXPECT_EQ(r.path, "f16-storage");
+  EXPECT_TRUE(r.e2ePass) << r.e2eFirstDiff;
+  EXPECT_EQ(r.e2eTokens, 100);
+  EXPECT_TRUE(r.lossPass) << r.lossRel;
+  EXPECT_LT(r.lossRel, 1e-3);
+  EXPECT_TRUE(l.lm.model->pathAllowedInTraining());
+  EXPECT_TRUE(l.lm.model->pathAllowedInInference());
+  // A long generation: the sentinel checks at 256 and 512 and finds no drift.
+  Generator gen(*l.lm.model);
+  SampleOptions o;
+  o.tokens = 600;
+  o.temperature = 0.8f;
+  gen.generate(l.lm.tokenizer->encode("ROMEO:", "p"), o);
+  EXPECT_EQ(gen.sentinel().checks, 2);
+  EXPECT_FALSE(gen.sentinel().demoted) << gen.sentinel().line;
+  EXPECT_EQ(l.lm.model->lastLinearPath(), "f16-storage");
+}
+
+TEST_F(ModelGates, PathDivergingAfter50TokensFailsTheEndToEndGate) {
+  Loaded l = load({variant("late-50", lateCorrupting)});
+  ASSERT_TRUE(l.paths->isActive("late-50"));  // the matmul gates alone would let it through
+  gCorruptAfter = 50 * 4 * l.lm.model->config().nLayer;  // 4 linears per layer per token
+  gArmed = true;
+  const ModelGateReport r = runModelGates(*l.lm.model, &*l.lm.tokenizer);
+  EXPECT_FALSE(r.e2ePass);
+  EXPECT_GE(r.e2eFirstDiff, 49);
+  EXPECT_LE(r.e2eFirstDiff, 60);
+  EXPECT_FALSE(r.inferenceOk());
+  ASSERT_FALSE(r.lines().empty());
+  EXPECT_NE(r.lines()[0].find("diverges from f32 at token"), std::string::npos) << r.lines()[0];
+}
+
+TEST_F(ModelGates, LateDriftIsCaughtByTheSentinelAndDemotesToF32) {
+  Loaded l = load({variant("late-300", lateCorrupting)});
+  gCorruptAfter = 300 * 4 * l.lm.model->config().nLayer;  // past the end-to-end gate's 100
+  gArmed = true;
+  Gpt2& m = *l.lm.model;
+  const ModelGateReport r = runModelGates(m, &*l.lm.tokenizer);
+  EXPECT_TRUE(r.e2ePass) << "the end-to-end gate cannot see this one";
+  gDecodeCalls = 0;
+  Generator gen(m);
+  SampleOptions o;
+  o.tokens = 600;
+  o.temperature = 0;
+  gen.generate(l.lm.tokenizer->encode("ROMEO:", "p"), o);
+  ASSERT_TRUE(gen.sentinel().demoted);
+  EXPECT_EQ(gen.sentinel().demotedAt, 512);  // first check after the fault starts (~token 300)
+  EXPECT_NE(gen.sentinel().line.find("drift sentinel"), std::string::npos);
+  EXPECT_FALSE(m.pathAllowedInInference());
+  EXPECT_EQ(m.lastLinearPath(), "f32");
+  // With the sentinel off the fault goes unnoticed: it is the sentinel that caught it.
+  m.setPathUse(true, true);
+  gDecodeCalls = 0;
+  o.sentinelEvery = 0;
+  gen.generate(l.lm.tokenizer->encode("ROMEO:", "p"), o);
+  EXPECT_FALSE(gen.sentinel().demoted);
+}
+
+// Keeps the first weights it was given for each f32 weight: after an update it computes with
+// stale values though the model re-packed.
+std::map<const void*, std::vector<float>> gStale;  // packed dst -> first-seen weights
+std::map<const float*, std::vector<float>> gFirst;  // f32 weight -> first-seen weights
+bool stalePrepare(void* dst, const float* w, int K, int N) {
+  if (!cpu::packF16(dst, w, K, N)) return false;
+  if (gArmed) {
+    auto it = gFirst.find(w);
+    if (it == gFirst.end()) it = gFirst.emplace(w, std::vector<float>(w, w + int64_t(K) * N)).first;
+    gStale[dst] = it->second;
+  }
+  return true;
+}
+void staleDispatch(float* out, const float* in, const void* w, const float* bias, int M, int K, int N) {
+  auto it = gStale.find(w);
+  if (it == gStale.end()) return cpu::matmulF16(out, in, w, bias, M, K, N);
+  cpu::matmul(out, in, it->second.data(), bias, M, K, N);
+}
+
+TEST(ModelGatesTraining, StaleWeightsAfterATrainStepAreCaughtByTheLossGate) {
+  test::TempDir dir;
+  test::writeText(dir.file("d.txt"), test::sampleText(20000));
+  auto ops = makeCpuOps();
+  PathSet paths(*ops, PathSelection{}, detectCapabilities(), {variant("stale", staleDispatch, stalePrepare)});
+  paths.results();
+  TrainOptions o;
+  o.dataPath = dir.file("d.txt");
+  o.outPath = dir.file("m.safetensors");
+  o.model.nLayer = 2;
+  o.model.nHead = 2;
+  o.model.nEmbd = 32;
+  o.model.blockSize = 32;
+  o.batchSize = 4;
+  o.steps = 3;
+  o.warmup = 0;
+  o.lr = 1e-2f;
+  o.evalEvery = 0;
+  Trainer t(*ops, o);
+  t.model().setPaths(&paths);
+  gStale.clear();
+  gFirst.clear();
+  gArmed = true;
+  EXPECT_TRUE(t.model().pathAllowedInTraining());
+  t.step();  // packs (and the fault remembers) the initial weights, then updates them
+  t.step();  // the loss gate re-runs on the updated weights and sees the stale path
+  gArmed = false;
+  EXPECT_FALSE(t.model().pathAllowedInTraining());
+  gStale.clear();
+  gFirst.clear();
+}
+
+TEST(ModelGatesTraining, RealPathKeepsServingTheTrainingForward) {
+  test::TempDir dir;
+  test::writeText(dir.file("d.txt"), test::sampleText(20000));
+  auto ops = makeCpuOps();
+  PathSet paths(*ops, PathSelection{}, detectCapabilities(), {*findPath("f16-storage")});
+  TrainOptions o;
+  o.dataPath = dir.file("d.txt");
+  o.outPath = dir.file("m.safetensors");
+  o.model.nLayer = 2;
+  o.model.nHead = 2;
+  o.model.nEmbd = 32;
+  o.model.blockSize = 32;
+  o.batchSize = 4;
+  o.steps = 3;
+  o.warmup = 0;
+  o.evalEvery = 0;
+  Trainer t(*ops, o);
+  t.model().setPaths(&paths);
+  for (int i = 0; i < 3; ++i) t.step();
+  EXPECT_TRUE(t.model().pathAllowedInTraining());
+  EXPECT_EQ(t.model().lastLinearPath(), "f16-storage");
+}
+
+}  // namespace
+}  // namespace ptllm
