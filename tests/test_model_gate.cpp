@@ -71,6 +71,8 @@ TEST_F(ModelGates, RealF16PathPassesEveryModelGate) {
   ModelGate gate(*l.lm.model, &*l.lm.tokenizer);
   const ModelGateReport& r = gate.apply();
   EXPECT_EQ(r.path, "f16-storage");
+  EXPECT_TRUE(r.workloadPass);
+  EXPECT_EQ(r.workload.shapes.size(), 4u);  // c_attn, attn.c_proj, c_fc, mlp.c_proj of layer 0
   EXPECT_TRUE(r.e2ePass) << r.e2eFirstDiff;
   EXPECT_EQ(r.e2eTokens, 100);
   EXPECT_TRUE(r.lossPass) << r.lossRel;

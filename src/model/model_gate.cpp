@@ -35,6 +35,12 @@ std::vector<int32_t> calibrationTokens(const Gpt2& m, const CharTokenizer* tok, 
 std::vector<std::string> ModelGateReport::lines() const {
   if (path.empty()) return {};
   std::vector<std::string> out;
+  if (workload.ran)
+    for (auto& line : consoleLines(workload)) {
+      // The workload result is named after the path; say which gate it is.
+      const std::string head = "[ops] " + path + " gate";
+      out.push_back(line.rfind(head, 0) == 0 ? "[ops] " + path + " workload gate" + line.substr(head.size()) : line);
+    }
   if (!error.empty()) {
     out.push_back(fmt::format("[ops] {} model gates: could not run ({}) — f32 for this model", path, error));
     return out;
@@ -71,6 +77,20 @@ ModelGateReport runModelGates(Gpt2& m, const CharTokenizer* tok, const ModelGate
   if (!path) return r;
   r.path = path->name;
   try {
+    // Workload: real weights, real activations of the calibration prompt (f32 forward).
+    {
+      const int T = std::min(m.config().blockSize, 64);
+      const auto toks = calibrationTokens(m, tok, opt.prompt, T);
+      m.setForceF32(true);
+      m.forward(toks.data(), nullptr, 1, T);
+      m.setForceF32(false);
+      const auto samples = m.linearSamples(T);
+      std::vector<GateCase> cases;
+      for (const auto& s : samples)
+        cases.push_back({s.label, s.M, s.K, s.N, s.in.data(), s.w.data(), s.bias.data()});
+      r.workload = runGateOnData(m.ops(), *path, cases);
+      r.workloadPass = r.workload.pass;
+    }
     // End-to-end: greedy generation, f32 then the fast path.
     const auto prompt = calibrationTokens(m, tok, opt.prompt, std::min<int>(int(opt.prompt.size()), m.config().blockSize / 2));
     SampleOptions so;

@@ -1,5 +1,7 @@
 // Model-level gates (spec "Future work" 2 and past it), run when a model is loaded, in the
 // background, on a private copy of its weights, for the fast path the matmul gates activated:
+//  - workload: each distinct weight shape of the model (layer 0's c_attn, attn.c_proj, c_fc,
+//    mlp.c_proj) gated with its real weights and the real activations of a calibration prompt;
 //  - end-to-end: the first 100 greedy tokens of a fixed prompt on f32 and on the fast path must
 //    be identical (else FAIL, with the first differing index);
 //  - loss: the loss of a fixed batch through the fast forward and the f32 forward must agree
@@ -15,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "gate/gate.h"
 #include "model/gpt2.h"
 #include "model/tokenizer.h"
 
@@ -28,13 +31,15 @@ struct ModelGateOptions {
 
 struct ModelGateReport {
   std::string path;  // the fast path examined; empty: none was active, nothing to gate
+  GateResult workload;  // the workload gate (runGateOnData on real weights and activations)
+  bool workloadPass = true;
   bool e2ePass = true;
   int e2eFirstDiff = -1;  // first differing generated index, -1 when identical
   int e2eTokens = 0;
   bool lossPass = true;
   double lossF32 = 0, lossFast = 0, lossRel = 0;
   std::string error;  // a gate that could not run (counts as FAIL)
-  bool inferenceOk() const { return error.empty() && e2ePass; }
+  bool inferenceOk() const { return error.empty() && workloadPass && e2ePass; }
   bool trainingOk() const { return inferenceOk() && lossPass; }
   std::vector<std::string> lines() const;  // console lines, "[ops] ..." each
 };
