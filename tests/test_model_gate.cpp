@@ -4,6 +4,7 @@
 // re-run after the update) — and the real f16-storage path passing all of them.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <map>
@@ -100,8 +101,11 @@ TEST_F(ModelGates, PathDivergingAfter50TokensFailsTheEndToEndGate) {
   EXPECT_GE(r.e2eFirstDiff, 49);
   EXPECT_LE(r.e2eFirstDiff, 60);
   EXPECT_FALSE(r.inferenceOk());
-  ASSERT_FALSE(r.lines().empty());
-  EXPECT_NE(r.lines()[0].find("diverges from f32 at token"), std::string::npos) << r.lines()[0];
+  EXPECT_TRUE(r.workloadPass);  // prefill-sized calls: the workload gate cannot see it either
+  const auto lines = r.lines();
+  EXPECT_TRUE(std::any_of(lines.begin(), lines.end(), [](const std::string& l) {
+    return l.find("end-to-end gate: greedy text diverges from f32 at token") != std::string::npos;
+  }));
 }
 
 TEST_F(ModelGates, LateDriftIsCaughtByTheSentinelAndDemotesToF32) {
