@@ -21,10 +21,12 @@ namespace {
 
 constexpr float kEps = std::numeric_limits<float>::epsilon();
 
+// The binary16 bits packF16 stores for x (a 1x1 matrix; the layout pads it to a panel).
+// f16 -> f32 -> f16 is exact for every non-NaN value, so the bits read back unchanged.
 uint16_t packOne(float x, bool* ok) {
-  uint16_t h = 0xffff;
-  *ok = cpu::packF16(&h, &x, 1, 1);
-  return h;
+  std::vector<uint16_t> buf(cpu::f16PackedBytes(1, 1) / 2, 0xffff);
+  *ok = cpu::packF16(buf.data(), &x, 1, 1);
+  return f32ToF16(cpu::f16PackedAt(buf.data(), 1, 1, 0, 0));
 }
 
 TEST(F16, HandCases) {
@@ -126,8 +128,25 @@ struct Shape3 {
 const Shape3 kShapes[] = {
     {1, 1, 1},       {1, 7, 3},     {2, 31, 33},    {3, 64, 65},   {4, 65, 127},  {5, 33, 129},
     {7, 129, 31},    {8, 257, 64},  {31, 127, 257}, {33, 256, 17}, {64, 300, 96}, {65, 97, 1031},
-    {1, 4096, 1031}, {3, 4096, 67}, {129, 31, 31},  {2, 0, 9},
+    {1, 4096, 1031}, {3, 4096, 67}, {129, 31, 31},  {2, 0, 9},     {2, 100, 193}, {4, 1, 64},
+    {1, 64, 128},    {6, 100, 130}, {4, 37, 1},
 };
+
+// f16PackedAt reads back exactly f32ToF16(w[k,n]) for every element, whatever the padding.
+TEST(F16, PackedLayoutRoundTrip) {
+  uint64_t seed = 900;
+  for (const Shape3& s : kShapes) {
+    const auto w = test::randomVector(size_t(s.K) * s.N, seed++);
+    std::vector<uint16_t> w16(cpu::f16PackedBytes(s.K, s.N) / 2 + 1, 0xffff);
+    ASSERT_TRUE(cpu::packF16(w16.data(), w.data(), s.K, s.N));
+    EXPECT_EQ(w16.back(), 0xffff);  // nothing written past f16PackedBytes
+    for (int k = 0; k < s.K; ++k)
+      for (int n = 0; n < s.N; ++n)
+        ASSERT_EQ(f32ToF16(cpu::f16PackedAt(w16.data(), s.K, s.N, k, n)),
+                  f32ToF16(w[size_t(k) * s.N + n]))
+            << "K=" << s.K << " N=" << s.N << " k=" << k << " n=" << n;
+  }
+}
 
 TEST(F16, MatmulAgainstReferences) {
   uint64_t seed = 300;
@@ -143,7 +162,7 @@ TEST(F16, MatmulAgainstReferences) {
       for (int n = 0; n < s.N; ++n) {
         double acc = bias[n];
         for (int k = 0; k < s.K; ++k)
-          acc += double(in[size_t(m) * s.K + k]) * f16ToF32(w16[size_t(k) * s.N + n]);
+          acc += double(in[size_t(m) * s.K + k]) * cpu::f16PackedAt(w16.data(), s.K, s.N, k, n);
         wantExact[size_t(m) * s.N + n] = float(acc);
       }
     std::vector<float> want32(size_t(s.M) * s.N);

@@ -15,13 +15,18 @@ void matmulAtb(float* out, const float* a, const float* b, int M, int K, int N, 
 void biasBackward(float* dbias, const float* dout, int M, int N);
 
 // matmul_f16.cpp — the f16-storage path: w packed once to IEEE binary16, products and sums f32.
-size_t f16PackedBytes(int K, int N);
+// The packed layout is panel-major: [ceil(N/NB)][K][NB] binary16, NB = detail::kF16PanelCols
+// columns a panel, the last panel zero padded past N; element (k, n) is at
+// (n/NB)*K*NB + k*NB + n%NB. Read it only through matmulF16 / f16PackedAt.
+size_t f16PackedBytes(int K, int N);  // 0 when K or N is 0
 // Round-to-nearest-even conversion of w[K,N] into dst; false if any |w| overflows f16 (or is
 // NaN/Inf): the matrix is then ineligible and stays on f32.
 bool packF16(void* dst, const float* w, int K, int N);
 // out[M,N] = in[M,K] @ unpack(w16)[K,N] + bias[N]
 void matmulF16(float* out, const float* in, const void* w16, const float* bias, int M, int K,
                int N);
+// unpack(packed)[k, n] of a packF16 buffer of w[K,N] (tests and debugging).
+float f16PackedAt(const void* packed, int K, int N, int k, int n);
 
 // gelu.cpp — tanh approximation; out/din may alias in/dout.
 void geluForward(float* out, const float* in, int64_t n);
@@ -33,8 +38,10 @@ void attentionForward(float* out, float* att, const float* qkv, int B, int Tq, i
 void attentionBackward(float* dqkv, const float* dout, const float* qkv, const float* att, int B,
                        int T, int C, int NH);
 
-// matmul.cpp's packed GEMM over f16 weights, used by matmulF16 above its GEMV rows.
+// matmul.cpp's packed GEMM over f16 weights (packF16's layout), used by matmulF16 above its
+// GEMV rows.
 namespace detail {
+inline constexpr int kF16PanelCols = 64;  // NB of the packed f16 layout
 void matmulF16Gemm(float* out, const float* in, const uint16_t* w16, const float* bias, int M,
                    int K, int N);
 }  // namespace detail

@@ -29,7 +29,8 @@
 
 namespace ptllm::cpu::detail {
 
-// Where B comes from: row-major [K,N] f32, transposed ([N,K], matmulAbt) or row-major f16.
+// Where B comes from: row-major [K,N] f32, transposed ([N,K], matmulAbt) or f16 in
+// matmul_f16.cpp's panel-major layout ([ceil(N/NB)][K][NB], NB = kF16PanelCols).
 enum class BSrc { kRowMajor, kTransposed, kF16 };
 
 // Growable 64-byte aligned per-thread scratch (pool workers are long-lived).
@@ -92,7 +93,8 @@ HWY_NOINLINE void PackA(float* HWY_RESTRICT ap, const float* HWY_RESTRICT a, int
 }
 
 // B(k,n) for k in [k0, k0+kc), n in [n0, n0+nc) -> NR-wide panels bp[panel][k][NR], zero
-// padded past nc. ldb: row stride of the source ([K,N]: N; transposed [N,K]: K).
+// padded past nc. ldb: row stride of the source ([K,N]: N; transposed [N,K]: K); for kF16 the
+// source's K (its panels hold ldb * kF16PanelCols elements).
 template <BSrc kSrc>
 HWY_NOINLINE void PackB(float* HWY_RESTRICT bp, const void* HWY_RESTRICT bsrc, int64_t ldb, int n0,
                         int nc, int k0, int kc) {
@@ -111,27 +113,40 @@ HWY_NOINLINE void PackB(float* HWY_RESTRICT bp, const void* HWY_RESTRICT bsrc, i
       if (cols < NR)
         for (int k = 0; k < kc; ++k)
           for (int j = cols; j < NR; ++j) dst[k * NR + j] = 0.0f;
-    } else {
+    } else if constexpr (kSrc == BSrc::kRowMajor) {
       const int full = cols / L * L;
       for (int k = 0; k < kc; ++k) {
         float* drow = dst + (int64_t)k * NR;
         int j = 0;
-        if constexpr (kSrc == BSrc::kRowMajor) {
-          const float* src = static_cast<const float*>(bsrc) + (int64_t)(k0 + k) * ldb + n0 + p;
-          for (; j < full; j += L) hn::Store(hn::LoadU(d, src + j), d, drow + j);
-          for (; j < cols; ++j) drow[j] = src[j];
-        } else {
-          const hn::Rebind<hwy::float16_t, DF> dh;
-          const uint16_t* src =
-              static_cast<const uint16_t*>(bsrc) + (int64_t)(k0 + k) * ldb + n0 + p;
-          for (; j < full; j += L)
-            hn::Store(
-                hn::PromoteTo(d, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(src + j))),
-                d, drow + j);
-          for (; j < cols; ++j) drow[j] = f16ToF32(src[j]);
-        }
+        const float* src = static_cast<const float*>(bsrc) + (int64_t)(k0 + k) * ldb + n0 + p;
+        for (; j < full; j += L) hn::Store(hn::LoadU(d, src + j), d, drow + j);
+        for (; j < cols; ++j) drow[j] = src[j];
         for (; j < NR; ++j) drow[j] = 0.0f;
       }
+    } else {  // f16 panels: column n of row k at (n/NB)*ldb*NB + k*NB + n%NB
+      constexpr int NB = detail::kF16PanelCols;
+      const hn::Rebind<hwy::float16_t, DF> dh;
+      const uint16_t* b16 = static_cast<const uint16_t*>(bsrc);
+      for (int j = 0; j < cols;) {  // runs of columns within one f16 panel
+        const int n = n0 + p + j;
+        const int run = std::min(cols - j, NB - n % NB);
+        const uint16_t* src = b16 + (int64_t)(n / NB) * ldb * NB + (int64_t)k0 * NB + n % NB;
+        const int vrun = run / L * L;
+        for (int k = 0; k < kc; ++k) {
+          const uint16_t* s = src + (int64_t)k * NB;
+          float* drow = dst + (int64_t)k * NR + j;
+          int t = 0;
+          for (; t < vrun; t += L)
+            hn::StoreU(
+                hn::PromoteTo(d, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(s + t))), d,
+                drow + t);
+          for (; t < run; ++t) drow[t] = f16ToF32(s[t]);
+        }
+        j += run;
+      }
+      if (cols < NR)
+        for (int k = 0; k < kc; ++k)
+          for (int j = cols; j < NR; ++j) dst[k * NR + j] = 0.0f;
     }
   }
 }
@@ -390,7 +405,7 @@ void MatmulAtbT(float* out, const float* a, const float* b, int M, int K, int N,
 
 void MatmulF16GemmT(float* out, const float* in, const uint16_t* w16, const float* bias, int M,
                     int K, int N) {
-  Gemm<BSrc::kF16>(out, in, K, 1, w16, N, bias, M, K, N, false);
+  Gemm<BSrc::kF16>(out, in, K, 1, w16, K, bias, M, K, N, false);
 }
 
 // dbias[N] += column sums of dout[M,N]; columns split over the pool, rows summed in f32

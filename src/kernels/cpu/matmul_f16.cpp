@@ -1,8 +1,14 @@
-// The f16-storage matmul path: w[K,N] packed once to IEEE binary16 (same row-major [K,N]
-// layout, 2 bytes an element), products and sums in f32.
-//   M <= 4 (decode GEMV, bandwidth-bound): stream the f16 rows once, four k rows at a time,
-//   promote to f32 in registers (F16C / AVX-512), FMA into L1-resident output sub-blocks.
-//   M > 4: the f32 GEMM of matmul.cpp, whose B packing promotes the f16 block to f32.
+// The f16-storage matmul path: w[K,N] packed once to IEEE binary16 (2 bytes an element),
+// products and sums in f32.
+// Packed layout (private to this file, f16PackedAt and matmul.cpp's PackB<BSrc::kF16>):
+// panel-major [ceil(N/NB)][K][NB], NB = detail::kF16PanelCols columns a panel, the tail
+// panel zero padded past N. Panel p holds columns [p*NB, p*NB+NB) for every k, so element
+// (k, n) sits at (n/NB)*K*NB + k*NB + n%NB and consecutive panels are contiguous.
+//   M <= 4 (decode GEMV, bandwidth-bound): each thread streams its run of whole panels (one
+//   contiguous region) once, keeping the R x NB accumulators in registers over the whole K
+//   loop (k-blocked column chunks on targets with too few registers), promoting f16 -> f32 in
+//   registers (F16C / AVX-512) with software prefetch a few KiB ahead.
+//   M > 4: the f32 GEMM of matmul.cpp, whose B packing promotes the f16 panels to f32.
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -27,64 +33,116 @@ namespace hn = hwy::HWY_NAMESPACE;
 using DF = hn::ScalableTag<float>;
 using VF = hn::Vec<DF>;
 
+constexpr int kNB = detail::kF16PanelCols;
+constexpr int kL = int(HWY_LANES(float));
+static_assert(kNB % kL == 0, "panel width must be a multiple of the vector length");
+constexpr int kPV = kNB / kL;  // vectors across a panel
+#if HWY_TARGET <= HWY_AVX3
+constexpr int kAccBudget = 16;  // accumulators of 32 zmm registers
+#else
+constexpr int kAccBudget = 8;  // of 16 ymm/xmm registers
+#endif
+// Vectors per column chunk for R rows: the largest divisor of kPV with R * CV <= budget.
+constexpr int ChunkVecs(int R) {
+  int cv = kPV;
+  while (cv > 1 && (R * cv > kAccBudget || kPV % cv != 0)) --cv;
+  return cv;
+}
+constexpr int kPrefetchK = 24;  // software prefetch distance in k steps (x NB*2 bytes = 3 KiB)
+
 HWY_INLINE VF LoadF16(const uint16_t* p) {
   const DF d;
   const hn::Rebind<hwy::float16_t, DF> dh;
   return hn::PromoteTo(d, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(p)));
 }
 
-// out[R,N] = in[R,K] @ f16(w)[K,N] + bias for R <= 4.
+// acc[R][CV] += in[R, k0:k1] @ chunk[k0:k1][CV*L], chunk = panel + column offset (row stride NB).
+template <int R, int CV>
+HWY_INLINE void ChunkDot(VF (&acc)[R][CV], const float* HWY_RESTRICT in, int K,
+                         const uint16_t* HWY_RESTRICT chunk, int k0, int k1) {
+  const DF d;
+  for (int k = k0; k < k1; ++k) {
+    const uint16_t* p = chunk + (int64_t)k * kNB;
+    if constexpr (CV == kPV) {  // whole panel row: 2 cache lines at NB = 64
+      __builtin_prefetch(p + kPrefetchK * kNB, 0, 0);
+      if constexpr (kNB * 2 > 64) __builtin_prefetch(p + kPrefetchK * kNB + 32, 0, 0);
+    }
+    VF w[CV];
+#pragma GCC unroll 16
+    for (int v = 0; v < CV; ++v) w[v] = LoadF16(p + v * kL);
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      const VF x = hn::Set(d, in[(int64_t)r * K + k]);
+#pragma GCC unroll 16
+      for (int v = 0; v < CV; ++v) acc[r][v] = hn::MulAdd(x, w[v], acc[r][v]);
+    }
+  }
+}
+
+// out[r, n0 + c] (= bias + | +=) acc for the valid columns c < cols of a CV*L-wide chunk.
+template <int R, int CV>
+HWY_INLINE void ChunkStore(const VF (&acc)[R][CV], float* out, const float* bias, int N, int n0,
+                           int cols, bool add) {
+  const DF d;
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) {
+    float* o = out + (int64_t)r * N + n0;
+#pragma GCC unroll 16
+    for (int v = 0; v < CV; ++v) {
+      const int c = v * kL;
+      if (c + kL <= cols) {
+        const VF base = add ? hn::LoadU(d, o + c) : bias ? hn::LoadU(d, bias + n0 + c) : hn::Zero(d);
+        hn::StoreU(hn::Add(base, acc[r][v]), d, o + c);
+      } else if (c < cols) {
+        HWY_ALIGN float tmp[kL];
+        hn::Store(acc[r][v], d, tmp);
+        for (int j = 0; j < cols - c; ++j)
+          o[c + j] = (add ? o[c + j] : bias ? bias[n0 + c + j] : 0.0f) + tmp[j];
+      }
+    }
+  }
+}
+
+// out[R,N] = in[R,K] @ f16(w)[K,N] + bias for R <= 4, w panel-major packed.
 template <int R>
 void GemvF16Rows(float* out, const float* in, const uint16_t* w, const float* bias, int K, int N) {
   const DF d;
-  const int L = (int)hn::Lanes(d);
-  constexpr int kCB = 4096;  // output sub-block: R x 16 KiB stays in L1 while w streams through
-  const int64_t nBlocks = (N + 63) / 64;
-  const int64_t grain = std::max<int64_t>(1, 4096 / std::max(K, 1));
-  pool().parallelFor(nBlocks, grain, [&](int64_t b0, int64_t b1) {
-    const int nb = (int)(b0 * 64), ne = (int)std::min<int64_t>(b1 * 64, N);
-    for (int s0 = nb; s0 < ne; s0 += kCB) {
-      const int s1 = std::min(ne, s0 + kCB);
-      const int vend = s0 + (s1 - s0) / L * L;
-      for (int r = 0; r < R; ++r)
-        for (int n = s0; n < s1; ++n) out[(int64_t)r * N + n] = bias ? bias[n] : 0.0f;
-      int k = 0;
-      for (; k + 4 <= K; k += 4) {
-        const uint16_t* w0 = w + (int64_t)k * N;
-        const uint16_t* w1 = w0 + N;
-        const uint16_t* w2 = w1 + N;
-        const uint16_t* w3 = w2 + N;
-        VF x[R][4];
+  HWY_DASSERT((int)hn::Lanes(d) == kL);
+  constexpr int CV = ChunkVecs(R);
+  constexpr int kChunks = kPV / CV;
+  constexpr int kKB = 128;  // k block when a panel is split into chunks: 16 KiB of f16 in L1
+  const int64_t nPanels = (N + kNB - 1) / kNB;
+  const int64_t grain = std::max<int64_t>(1, 4096 / std::max(K, 1));  // >= ~256K MACs a task
+  pool().parallelFor(nPanels, grain, [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p) {
+      const uint16_t* panel = w + p * (int64_t)K * kNB;
+      const int n0 = (int)p * kNB;
+      const int cols = std::min(kNB, N - n0);
+      if constexpr (kChunks == 1) {
+        VF acc[R][CV];
         for (int r = 0; r < R; ++r)
-          for (int j = 0; j < 4; ++j) x[r][j] = hn::Set(d, in[(int64_t)r * K + k + j]);
-        for (int n = s0; n < vend; n += L) {
-          const VF v0 = LoadF16(w0 + n), v1 = LoadF16(w1 + n);
-          const VF v2 = LoadF16(w2 + n), v3 = LoadF16(w3 + n);
-          for (int r = 0; r < R; ++r) {
-            float* o = out + (int64_t)r * N + n;
-            VF acc = hn::MulAdd(x[r][0], v0, hn::LoadU(d, o));
-            acc = hn::MulAdd(x[r][1], v1, acc);
-            acc = hn::MulAdd(x[r][2], v2, acc);
-            hn::StoreU(hn::MulAdd(x[r][3], v3, acc), d, o);
-          }
+          for (int v = 0; v < CV; ++v) acc[r][v] = hn::Zero(d);
+        ChunkDot<R, CV>(acc, in, K, panel, 0, K);
+        ChunkStore<R, CV>(acc, out, bias, N, n0, cols, false);
+      } else {
+        if (K == 0) {
+          VF acc[R][CV];
+          for (int r = 0; r < R; ++r)
+            for (int v = 0; v < CV; ++v) acc[r][v] = hn::Zero(d);
+          for (int c = 0; c < kChunks; ++c)
+            ChunkStore<R, CV>(acc, out, bias, N, n0 + c * CV * kL, cols - c * CV * kL, false);
         }
-        for (int n = vend; n < s1; ++n)
-          for (int r = 0; r < R; ++r) {
-            const float* xr = in + (int64_t)r * K + k;
-            out[(int64_t)r * N + n] += xr[0] * f16ToF32(w0[n]) + xr[1] * f16ToF32(w1[n]) +
-                                       xr[2] * f16ToF32(w2[n]) + xr[3] * f16ToF32(w3[n]);
+        for (int k0 = 0; k0 < K; k0 += kKB) {
+          const int k1 = std::min(K, k0 + kKB);
+          for (int64_t e = (int64_t)k0 * kNB; e < (int64_t)k1 * kNB; e += 32)  // next block
+            __builtin_prefetch(panel + (int64_t)kKB * kNB + e, 0, 0);
+          for (int c = 0; c < kChunks; ++c) {
+            VF acc[R][CV];
+            for (int r = 0; r < R; ++r)
+              for (int v = 0; v < CV; ++v) acc[r][v] = hn::Zero(d);
+            ChunkDot<R, CV>(acc, in, K, panel + c * CV * kL, k0, k1);
+            ChunkStore<R, CV>(acc, out, bias, N, n0 + c * CV * kL, cols - c * CV * kL, k0 > 0);
           }
-      }
-      for (; k < K; ++k) {
-        const uint16_t* w0 = w + (int64_t)k * N;
-        for (int r = 0; r < R; ++r) {
-          const float xv = in[(int64_t)r * K + k];
-          const VF x = hn::Set(d, xv);
-          float* o = out + (int64_t)r * N;
-          int n = s0;
-          for (; n < vend; n += L)
-            hn::StoreU(hn::MulAdd(x, LoadF16(w0 + n), hn::LoadU(d, o + n)), d, o + n);
-          for (; n < s1; ++n) o[n] += xv * f16ToF32(w0[n]);
         }
       }
     }
@@ -120,20 +178,45 @@ namespace ptllm::cpu {
 HWY_EXPORT(MatmulF16T);
 HWY_EXPORT(TargetNameT);
 
+namespace {
+constexpr int kNB = detail::kF16PanelCols;
+int64_t panelsOf(int N) {
+  return (int64_t(N) + kNB - 1) / kNB;
+}
+}  // namespace
+
 size_t f16PackedBytes(int K, int N) {
-  return size_t(K) * size_t(N) * sizeof(uint16_t);
+  if (K <= 0 || N <= 0) return 0;
+  return size_t(panelsOf(N)) * kNB * size_t(K) * sizeof(uint16_t);
+}
+
+float f16PackedAt(const void* packed, int K, int N, int k, int n) {
+  (void)N;
+  const auto* p = static_cast<const uint16_t*>(packed);
+  return f16ToF32(p[int64_t(n / kNB) * K * kNB + int64_t(k) * kNB + n % kNB]);
 }
 
 bool packF16(void* dst, const float* w, int K, int N) {
+  if (K <= 0 || N <= 0) return true;
   auto* d = static_cast<uint16_t*>(dst);
-  const int64_t n = int64_t(K) * N;
+  const int64_t nPanels = panelsOf(N);
   std::atomic<bool> ok{true};
-  pool().parallelFor(n, 1 << 16, [&](int64_t b, int64_t e) {
+  const int64_t grain = std::max<int64_t>(1, 8192 / K);  // >= ~512K elements a task
+  pool().parallelFor(nPanels, grain, [&](int64_t p0, int64_t p1) {
     bool good = true;
-    for (int64_t i = b; i < e; ++i) {
-      const uint16_t h = f32ToF16(w[i]);
-      good &= (h & 0x7c00u) != 0x7c00u;  // NaN/Inf in, or overflow to inf
-      d[i] = h;
+    for (int64_t p = p0; p < p1; ++p) {
+      const int n0 = int(p * kNB), cols = std::min(kNB, N - n0);
+      uint16_t* panel = d + p * int64_t(K) * kNB;
+      for (int k = 0; k < K; ++k) {
+        const float* src = w + int64_t(k) * N + n0;
+        uint16_t* row = panel + int64_t(k) * kNB;
+        for (int j = 0; j < cols; ++j) {
+          const uint16_t h = f32ToF16(src[j]);
+          good &= (h & 0x7c00u) != 0x7c00u;  // NaN/Inf in, or overflow to inf
+          row[j] = h;
+        }
+        for (int j = cols; j < kNB; ++j) row[j] = 0;  // +0.0: padding adds nothing
+      }
     }
     if (!good) ok.store(false, std::memory_order_relaxed);
   });
