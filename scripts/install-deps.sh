@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the build and tests need (only those missing). Root or sudo.
 set -euo pipefail
-PKGS=(cmake g++ make pkg-config libhwy-dev nlohmann-json3-dev libcli11-dev libfmt-dev libgtest-dev)
+PKGS=(cmake g++ make pkg-config libhwy-dev nlohmann-json3-dev libcli11-dev libfmt-dev libgtest-dev libcpp-httplib-dev)
 if [[ "${1:-}" == "--peers" ]]; then
   # For bench/: PyTorch CPU and OpenBLAS peers (see ../shared/peers/README.md).
   PKGS+=(python3 python3-torch python3-numpy libopenblas-dev gcc)

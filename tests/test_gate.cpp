@@ -2,12 +2,13 @@
 // registered only here fail and are never used; unsupported is reported apart from FAIL;
 // --paths; pills; concurrent waiting on the background gate (run under TSan in CI);
 // determinism.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
-#include <cstdio>
-
+#include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <mutex>
@@ -16,6 +17,8 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/half.h"
+#include "core/rng.h"
 #include "gate/capabilities.h"
 #include "gate/gate.h"
 #include "gate/paths.h"
@@ -62,6 +65,55 @@ bool refusePrepare(void*, const float*, int, int) {
   return false;
 }
 
+// ---- the fault matrix: variants each caught by the part of the gate designed for them ----
+// A K-tiling bug: only the first 1000 rows of K are summed. Right at K=128 and K=256 (the
+// single-shape gate passes), wrong from K=1024 on (the multi-shape gate fails).
+void kTileBug(float* out, const float* in, const void* w, const float* bias, int M, int K, int N) {
+  if (K <= 1000) return cpu::matmulF16(out, in, w, bias, M, K, N);
+  std::vector<float> head(in, in + size_t(M) * K);  // zero past k = 1000: w's first 1000 rows
+  for (int m = 0; m < M; ++m)
+    std::fill(head.begin() + size_t(m) * K + 1000, head.begin() + size_t(m + 1) * K, 0.0f);
+  cpu::matmulF16(out, head.data(), w, bias, M, K, N);
+}
+// Rounds the activations to f16 too: fine on typical values, Inf on an outlier past 65504.
+void inputToF16(float* out, const float* in, const void* w, const float* bias, int M, int K,
+                int N) {
+  std::vector<float> r(size_t(M) * K);
+  for (size_t i = 0; i < r.size(); ++i) r[i] = f16ToF32(f32ToF16(in[i]));
+  cpu::matmulF16(out, r.data(), w, bias, M, K, N);
+}
+// Accumulates in f16 (the running sum rounded to f16 after every add): overflows near the
+// f16 limit.
+void accumulateF16(float* out, const float* in, const void* w, const float* bias, int M, int K,
+                   int N) {
+  std::vector<float> wf(size_t(K) * N);
+  for (int k = 0; k < K; ++k)
+    for (int n = 0; n < N; ++n) wf[size_t(k) * N + n] = cpu::f16PackedAt(w, K, N, k, n);
+  for (int m = 0; m < M; ++m)
+    for (int n = 0; n < N; ++n) {
+      float acc = 0;
+      for (int k = 0; k < K; ++k)
+        acc = f16ToF32(f32ToF16(acc + in[size_t(m) * K + k] * wf[size_t(k) * N + n]));
+      out[size_t(m) * N + n] = acc + (bias ? bias[n] : 0.0f);
+    }
+}
+// A pack that saturates out-of-range weights to +-65504 instead of refusing the matrix.
+// Clamps to the f16 range, then the real pack (its layout is private to matmul_f16.cpp).
+bool saturatingPack(void* dst, const float* w, int K, int N) {
+  std::vector<float> c(size_t(K) * N);
+  for (size_t i = 0; i < c.size(); ++i) c[i] = std::fmax(-65504.0f, std::fmin(65504.0f, w[i]));
+  return cpu::packF16(dst, c.data(), K, N);
+}
+
+size_t summaryCount(const std::vector<std::string>& lines) {
+  size_t n = 0;
+  for (const auto& l : lines)
+    if (l.find(" gate: ") != std::string::npos || l.find(": not supported") != std::string::npos ||
+        l.find(": not selected") != std::string::npos)
+      ++n;
+  return n;
+}
+
 PathEntry realEntry() {
   const PathEntry* e = findPath("f16-storage");
   EXPECT_NE(e, nullptr);
@@ -105,10 +157,17 @@ TEST_F(Gate, RegistryDeclaresF16Storage) {
   EXPECT_EQ(e.statusClause, "f16-storage matmul");
   EXPECT_EQ(e.activeText, "f16 path active");
   EXPECT_EQ(e.requiredCaps, std::vector<std::string>{"f16c"});
-  ASSERT_EQ(e.gateShapes.size(), 1u);
-  EXPECT_EQ(e.gateShapes[0].M, 64);
+  ASSERT_EQ(e.gateShapes.size(), 4u);
+  EXPECT_EQ(e.gateShapes[0].M, 64);  // the spec's shape first
   EXPECT_EQ(e.gateShapes[0].K, 128);
   EXPECT_EQ(e.gateShapes[0].N, 128);
+  EXPECT_EQ(e.gateShapes[1].K, 256);    // inference-typical
+  EXPECT_EQ(e.gateShapes[2].K, 1024);   // training-typical
+  EXPECT_EQ(e.gateShapes[3].K, 50257);  // head output: GPT-2's vocab
+  ASSERT_EQ(e.gateProbes.size(), 4u);
+  bool largeK = false;
+  for (const auto& p : e.gateProbes) largeK = largeK || p.shape.K >= 4096;
+  EXPECT_TRUE(largeK);
   EXPECT_EQ(findPath("no-such-path"), nullptr);
 }
 
@@ -131,10 +190,27 @@ TEST_F(Gate, CapabilitiesAreDetectedOnceAndCanBeRemoved) {
 
 TEST_F(Gate, RealF16StoragePassesOnThisMachine) {
   if (!caps.has("f16c")) GTEST_SKIP() << "no F16C here";
+  runGate(*ops, realEntry());  // warm-up (pool, pages)
   GateResult r = runGate(*ops, realEntry());
-  std::printf("%s\n", consoleLine(r).c_str());
+  for (const auto& l : consoleLines(r)) std::printf("%s\n", l.c_str());
+  std::printf("gate time: %.1f ms\n", r.millis);
   EXPECT_TRUE(r.ran);
   EXPECT_TRUE(r.pass) << consoleLine(r);
+  ASSERT_EQ(r.shapes.size(), 4u);
+  for (const auto& [s, m] : r.shapes) EXPECT_TRUE(m.pass) << shapeText(s);
+  ASSERT_EQ(r.probes.size(), 4u);
+  for (const auto& p : r.probes) {
+    SCOPED_TRACE(p.probe.name);
+    EXPECT_TRUE(p.ok());
+    // beyond-f16's weights overflow f16: the real pack refuses them (not eligible); every
+    // other probe is eligible and passes on its numbers, finite on both sides.
+    EXPECT_EQ(p.eligible, p.probe.kind != ProbeKind::BeyondF16);
+    if (p.eligible) {
+      EXPECT_TRUE(p.metric.pass && p.metric.reason.empty()) << p.metric.reason;
+    }
+  }
+  EXPECT_EQ(consoleLines(r).size(), 4u + 4u + 1u);
+  EXPECT_LT(r.millis, 1000.0);  // generous: ~tens of ms on 2 cores in Release
   EXPECT_TRUE(r.active());
   EXPECT_TRUE(r.metric.reason.empty());
   // mean|ref| of a K=128 dot product of U(-0.2,0.2) values: sqrt(128) * 0.2^2/3 * sqrt(2/pi).
@@ -144,7 +220,10 @@ TEST_F(Gate, RealF16StoragePassesOnThisMachine) {
   EXPECT_LT(r.metric.meanRel, r.metric.meanRelLimit);
   const std::string line = consoleLine(r);
   EXPECT_EQ(line.rfind("[ops] f16-storage gate: mean|ref|=", 0), 0u) << line;
-  EXPECT_NE(line.find(" — PASS — f16 path active"), std::string::npos) << line;
+  EXPECT_NE(line.find(" — PASS (4/4 shapes, 4/4 probes, 1 not eligible) — f16 path active"),
+            std::string::npos)
+      << line;
+  EXPECT_EQ(consoleLines(r)[0].rfind("[ops] f16-storage gate 64x128x128: mean|ref|=", 0), 0u);
 }
 
 TEST_F(Gate, GateIsDeterministic) {
@@ -184,7 +263,7 @@ TEST_F(Gate, BrokenVariantsFailAndAreNeverUsed) {
     EXPECT_EQ(r.metric.reason, c.reason);
     const std::string line = consoleLine(r);
     std::printf("%s\n", line.c_str());  // quoted in docs/precision.md
-    const std::string verdict = c.reason.empty() ? "— FAIL —" : "— FAIL (" + c.reason + ") —";
+    const std::string verdict = c.reason.empty() ? "— FAIL (" : "— FAIL (" + c.reason + ";";
     EXPECT_NE(line.find(verdict), std::string::npos) << line;
     EXPECT_NE(line.find("falling back to f32"), std::string::npos) << line;
 
@@ -194,7 +273,7 @@ TEST_F(Gate, BrokenVariantsFailAndAreNeverUsed) {
     EXPECT_TRUE(set.activePills().empty());
     EXPECT_EQ(set.statusClause(), "");
     EXPECT_FALSE(set.isActive(c.entry.name));
-    EXPECT_EQ(log.get(), std::vector<std::string>{line});  // logged once
+    EXPECT_EQ(log.get(), consoleLines(r));  // logged once
   }
   const GateResult drop = runGate(*ops, cases[0].entry);
   EXPECT_GE(drop.metric.meanRel, drop.metric.meanRelLimit);  // systematic: mean_rel catches it
@@ -212,7 +291,7 @@ TEST_F(Gate, FailedPathIsSkippedForTheNextActiveOne) {
   EXPECT_EQ(p->name, "f16-storage");
   EXPECT_EQ(set.activePills(), std::vector<std::string>{"+f16 storage"});
   EXPECT_EQ(set.statusClause(), " · f16-storage matmul active");
-  EXPECT_EQ(log.get().size(), 2u);
+  EXPECT_EQ(summaryCount(log.get()), 2u);
 }
 
 TEST_F(Gate, MissingCapabilityIsNotSupportedNotFail) {
@@ -359,7 +438,115 @@ TEST_F(Gate, ConcurrentWaitersWhileTheGateRuns) {
     for (auto& th : threads) th.join();
     EXPECT_EQ(wrong.load(), 0);
   }
-  EXPECT_EQ(log.get().size(), 9u);  // 3 rounds x 3 gates, once each
+  EXPECT_EQ(summaryCount(log.get()), 9u);  // 3 rounds x 3 gates, once each
+}
+
+PathEntry singleShape(PathEntry e) {
+  e.gateShapes.resize(1);
+  e.gateProbes.clear();
+  return e;
+}
+
+TEST_F(Gate, FaultKTileBugPassesSingleShapeFailsMultiShape) {
+  const PathEntry bug = variant("k-tile-bug", kTileBug);
+  EXPECT_TRUE(runGate(*ops, singleShape(bug)).pass);  // the old gate would let it through
+  PathEntry noProbes = bug;
+  noProbes.gateProbes.clear();
+  const GateResult r = runGate(*ops, noProbes);
+  EXPECT_FALSE(r.pass);
+  EXPECT_TRUE(r.metric.pass);  // the spec shape is fine...
+  EXPECT_TRUE(r.shapes[1].second.pass);
+  EXPECT_FALSE(r.shapes[2].second.pass);  // ...64x1024x256 is not
+  EXPECT_FALSE(r.shapes[3].second.pass);
+  const std::string line = consoleLine(r);
+  std::printf("%s\n", line.c_str());
+  EXPECT_NE(line.find("FAIL (at 64x1024x256: "), std::string::npos) << line;
+  EXPECT_NE(line.find("2/4 shapes"), std::string::npos) << line;
+  EXPECT_FALSE(runGate(*ops, bug).pass);
+}
+
+TEST_F(Gate, FaultInputToF16CaughtByOutlierProbe) {
+  const PathEntry bad = variant("input-f16", inputToF16);
+  PathEntry shapesOnly = bad;
+  shapesOnly.gateProbes.clear();
+  EXPECT_TRUE(runGate(*ops, shapesOnly).pass);  // every typical shape passes
+  const GateResult r = runGate(*ops, bad);
+  EXPECT_FALSE(r.pass);
+  for (const auto& p : r.probes) {
+    SCOPED_TRACE(p.probe.name);
+    if (p.probe.kind == ProbeKind::Outliers) {
+      EXPECT_TRUE(p.eligible);
+      EXPECT_FALSE(p.ok());
+      EXPECT_NE(p.metric.reason.find("Inf in fast output"), std::string::npos) << p.metric.reason;
+    }
+  }
+  for (const auto& l : consoleLines(r)) std::printf("%s\n", l.c_str());
+  EXPECT_NE(consoleLine(r).find("probe outliers 8x256x64"), std::string::npos);
+}
+
+TEST_F(Gate, FaultF16AccumulationCaughtByF16LimitProbe) {
+  const GateResult r = runGate(*ops, variant("acc-f16", accumulateF16));
+  EXPECT_FALSE(r.pass);
+  bool caught = false;
+  for (const auto& p : r.probes)
+    if (p.probe.kind == ProbeKind::F16Limit) {
+      caught = p.eligible && !p.ok() && p.metric.reason.find("Inf") != std::string::npos;
+      std::printf("f16-limit probe on acc-f16: %s\n", p.metric.reason.c_str());
+    }
+  EXPECT_TRUE(caught);
+}
+
+TEST_F(Gate, FaultSaturatingPackCaughtByBeyondF16Probe) {
+  PathEntry e = realEntry();
+  e.name = "saturating-pack";
+  e.prepare = saturatingPack;
+  const GateResult r = runGate(*ops, e);
+  EXPECT_FALSE(r.pass);
+  for (const auto& [s, m] : r.shapes) EXPECT_TRUE(m.pass);
+  for (const auto& p : r.probes) {
+    SCOPED_TRACE(p.probe.name);
+    EXPECT_TRUE(p.eligible);                                  // it never refuses...
+    EXPECT_EQ(p.ok(), p.probe.kind != ProbeKind::BeyondF16);  // ...so its numbers must hold
+  }
+}
+
+TEST_F(Gate, RunGateOnData) {
+  const int M = 3, K = 96, N = 40;
+  std::vector<float> in(M * K), w(K * N), bias(N), wide(K * N);
+  Rng rng(7);
+  for (auto& x : in) x = rng.uniform(-1.0f, 1.0f);
+  for (auto& x : w) x = rng.uniform(-0.1f, 0.1f);
+  for (auto& x : bias) x = rng.uniform(-0.5f, 0.5f);
+  wide = w;
+  wide[5] = 1.0e5f;  // past f16: this matrix is not eligible
+  const std::vector<GateCase> cases{{"h0.qkv", M, K, N, in.data(), w.data(), bias.data()},
+                                    {"h0.fc", M, K, N, in.data(), wide.data(), nullptr},
+                                    {"h1.proj", M, K, N, in.data(), w.data(), nullptr}};
+  const GateResult r = runGateOnData(*ops, realEntry(), cases);
+  for (const auto& l : consoleLines(r)) std::printf("%s\n", l.c_str());
+  EXPECT_TRUE(r.pass) << consoleLine(r);
+  ASSERT_EQ(r.shapes.size(), 2u);
+  EXPECT_EQ(r.shapes[0].first.label, "h0.qkv");
+  ASSERT_EQ(r.ineligible.size(), 1u);
+  EXPECT_EQ(r.ineligible[0].label, "h0.fc");
+  EXPECT_EQ(r.metric.meanAbsRef, r.shapes[0].second.meanAbsRef);
+  EXPECT_NE(consoleLine(r).find("PASS (2/2 shapes, 1 not eligible)"), std::string::npos);
+
+  // Same poisoning and metric: a path that skips a row or is off fails on real data too.
+  EXPECT_EQ(runGateOnData(*ops, variant("skips", skipsLastRow), cases).metric.reason,
+            fmt::format("NaN in fast output at index {}", (M - 1) * N));
+  EXPECT_FALSE(runGateOnData(*ops, variant("drop", dropLowBits), cases).pass);
+  // Nothing eligible: nothing to trust the path with.
+  const GateResult none = runGateOnData(*ops, realEntry(), {cases[1]});
+  EXPECT_FALSE(none.pass);
+  EXPECT_EQ(none.metric.reason, "no eligible case");
+}
+
+TEST_F(Gate, JsonRoundTrip) {
+  const GateResult r = runGate(*ops, realEntry());
+  const GateResult back = gateResultFromJson(toJson(r));
+  EXPECT_EQ(consoleLines(back), consoleLines(r));
+  EXPECT_EQ(toJson(back)["probes"], toJson(r)["probes"]);
 }
 
 TEST_F(Gate, DestroyedWhileGatesRun) {

@@ -1,5 +1,6 @@
 // ptllm caps [--json]: what this machine can do (CPU model, Highway targets, feature flags) and,
-// per registered path, whether it is supported here, its gate verdict and whether it is active.
+// per registered path, whether it is supported here, its gate verdict (with its per-shape and
+// per-probe lines, "(cached)" for a cached verdict) and whether it is active.
 #include <fmt/format.h>
 
 #include <cstdio>
@@ -18,11 +19,13 @@ std::string verdictText(const GateResult& r) {
   const GateMetric& m = r.metric;
   std::string s = r.pass ? "PASS" : "FAIL";
   if (!m.reason.empty()) s += " (" + m.reason + ")";
-  return s + fmt::format(
-                 "  mean|ref|={:.2e} max_abs={:.2e} (limit {:.2e}) mean_rel={:.3f}% "
-                 "(limit {:.3f}%) max_rel={:.2f}%  {:.1f} ms",
-                 m.meanAbsRef, m.maxAbs, m.maxAbsLimit, m.meanRel * 100, m.meanRelLimit * 100,
-                 m.maxRel * 100, r.millis);
+  return s +
+         fmt::format(
+             "  mean|ref|={:.2e} max_abs={:.2e} (limit {:.2e}) mean_rel={:.3f}% "
+             "(limit {:.3f}%) max_rel={:.2f}%  {:.1f} ms",
+             m.meanAbsRef, m.maxAbs, m.maxAbsLimit, m.meanRel * 100, m.meanRelLimit * 100,
+             m.maxRel * 100, r.millis) +
+         (r.cached ? "  (cached)" : "");
 }
 
 void runCaps(const GlobalOptions& g, bool json) {
@@ -72,6 +75,8 @@ void runCaps(const GlobalOptions& g, bool json) {
     std::printf("  %-14s %-13s gate: %s  -> %s\n", r.path.c_str(),
                 r.supported ? "detected" : "not detected", verdictText(r).c_str(),
                 r.active() ? "active" : "inactive");
+    if (r.ran)  // the per-shape and per-probe lines, then the summary
+      for (const auto& line : consoleLines(r)) std::printf("    %s\n", line.c_str());
   }
   std::string pillText;
   for (const auto& p : pills) pillText += (pillText.empty() ? "" : " ") + p;

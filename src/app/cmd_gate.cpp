@@ -1,6 +1,8 @@
 // ptllm gate [--json]: runs the gate of every selected, supported path and prints the spec's
-// console lines (on stderr as always, and on stdout). Exit code 0 once every gate has run,
-// whatever the verdicts: a FAIL is the gate doing its job.
+// console lines (on stderr as always, and on stdout): one per gate shape and probe, then the
+// path's summary line ("(cached)" when the verdict came from the gate cache; --regate re-runs
+// it). Exit code 0 once every gate has run, whatever the verdicts: a FAIL is the gate doing
+// its job.
 #include <cstdio>
 #include <string>
 
@@ -30,7 +32,12 @@ void runGateCommand(const GlobalOptions& g, bool json) {
     std::printf("%s\n", j.dump(2).c_str());
     return;
   }
-  for (const auto& r : results) std::printf("%s\n", consoleLine(r).c_str());
+  double total = 0;
+  for (const auto& r : results) {
+    for (const auto& line : consoleLines(r)) std::printf("%s\n", line.c_str());
+    total += r.millis;
+  }
+  std::printf("gates: %.1f ms in all\n", total);
 }
 
 }  // namespace

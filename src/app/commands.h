@@ -11,6 +11,8 @@ struct GlobalOptions {
   int threads = 0;              // 0: all hardware threads
   std::string paths = "auto";   // --paths auto|f32|NAME[,NAME]
   std::string device = "auto";  // --device cpu|cuda|auto
+  bool regate = false;          // --regate: ignore the gate cache, re-run and rewrite it
+  std::string telemetryUrl;     // --telemetry-url URL (else $PTLLM_TELEMETRY_URL; off if empty)
   // Applies threads; called by each command before it runs.
   void apply() const;
 };

@@ -8,10 +8,13 @@
 #include "core/error.h"
 #include "core/file_io.h"
 #include "core/thread_pool.h"
+#include "gate/telemetry.h"
 
 namespace ptllm::app {
 
-void GlobalOptions::apply() const { setThreads(threads); }
+void GlobalOptions::apply() const {
+  setThreads(threads);
+}
 
 Engine makeEngine(const GlobalOptions& g) {
   Engine e;
@@ -19,7 +22,14 @@ Engine makeEngine(const GlobalOptions& g) {
   if (g.device != "cpu" && g.device != "auto")
     fail("--device {}: expected cpu, cuda or auto", g.device);
   e.ops = makeCpuOps();
-  e.paths = std::make_unique<PathSet>(*e.ops, PathSelection::parse(g.paths));
+  std::string url = g.telemetryUrl;
+  if (const char* env = std::getenv("PTLLM_TELEMETRY_URL"); url.empty() && env) url = env;
+  if (!url.empty()) setTelemetryUrl(url);
+  PathSetOptions opts;
+  opts.useCache = true;  // warm starts reuse the verdict ($XDG_CACHE_HOME/ptllm)
+  opts.regate = g.regate;
+  opts.telemetry = true;  // $XDG_STATE_HOME/ptllm/telemetry.jsonl (+ the sink when set)
+  e.paths = std::make_unique<PathSet>(*e.ops, PathSelection::parse(g.paths), opts);
   return e;
 }
 

@@ -6,14 +6,21 @@
 #include "core/error.h"
 
 int main(int argc, char** argv) {
-  CLI::App app{"ptllm — train, fine-tune and sample GPT-2-style models; fast paths are gated "
-               "against the f32 reference before they activate"};
+  CLI::App app{
+      "ptllm — train, fine-tune and sample GPT-2-style models; fast paths are gated "
+      "against the f32 reference before they activate"};
   app.require_subcommand(1);
   app.fallthrough();  // global options may follow the subcommand
   ptllm::app::GlobalOptions g;
-  app.add_option("--threads", g.threads, "worker threads (0: all cores)")->check(CLI::NonNegativeNumber);
+  app.add_option("--threads", g.threads, "worker threads (0: all cores)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--paths", g.paths, "fast paths: auto | f32 | NAME[,NAME]");
   app.add_option("--device", g.device, "cpu | cuda | auto");
+  app.add_flag("--regate", g.regate,
+               "ignore cached gate verdicts: re-run every gate and rewrite the cache");
+  app.add_option("--telemetry-url", g.telemetryUrl,
+                 "POST each gate result as JSON to this http:// URL (off by default; also "
+                 "$PTLLM_TELEMETRY_URL)");
   ptllm::app::addTrainCommand(app, g);
   ptllm::app::addSampleCommand(app, g);
   ptllm::app::addEvalCommand(app, g);

@@ -74,4 +74,17 @@ nlohmann::json toJson(const GateMetric& m) {
   return j;
 }
 
+GateMetric metricFromJson(const nlohmann::json& j) {
+  GateMetric m;
+  m.meanAbsRef = j.at("mean_abs_ref").get<double>();
+  m.maxAbs = j.at("max_abs").get<double>();
+  m.maxAbsLimit = j.at("max_abs_limit").get<double>();
+  m.meanRel = j.at("mean_rel").get<double>();
+  m.meanRelLimit = j.at("mean_rel_limit").get<double>();
+  m.maxRel = j.at("max_rel").get<double>();
+  m.pass = j.at("pass").get<bool>();
+  if (j.contains("reason")) m.reason = j.at("reason").get<std::string>();
+  return m;
+}
+
 }  // namespace ptllm

@@ -40,5 +40,7 @@ GateMetric compareOutputs(const float* ref, const float* fast, size_t n,
                           const GateThresholds& t = {});
 
 nlohmann::json toJson(const GateMetric& m);
+// The inverse of toJson (the gate cache); throws nlohmann::json::exception on a malformed object.
+GateMetric metricFromJson(const nlohmann::json& j);
 
 }  // namespace ptllm

@@ -2,10 +2,14 @@
 
 #include <fmt/format.h>
 
+#include <chrono>
 #include <cstdio>
 #include <mutex>
+#include <optional>
 
 #include "core/error.h"
+#include "gate/gate_cache.h"
+#include "gate/telemetry.h"
 
 namespace ptllm {
 
@@ -126,11 +130,16 @@ struct PathSet::Slot {
   bool run = false;  // written before the gate thread starts, read-only afterwards
 };
 
-PathSet::PathSet(Ops& ops, PathSelection sel)
-    : PathSet(ops, std::move(sel), detectCapabilities(), registeredPaths()) {}
+PathSet::PathSet(Ops& ops, PathSelection sel, PathSetOptions options)
+    : PathSet(ops, std::move(sel), detectCapabilities(), registeredPaths(), options) {}
 
-PathSet::PathSet(Ops& ops, PathSelection sel, Capabilities caps, std::vector<PathEntry> entries)
-    : ops_(ops), sel_(std::move(sel)), caps_(std::move(caps)), entries_(std::move(entries)) {
+PathSet::PathSet(Ops& ops, PathSelection sel, Capabilities caps, std::vector<PathEntry> entries,
+                 PathSetOptions options)
+    : ops_(ops),
+      sel_(std::move(sel)),
+      caps_(std::move(caps)),
+      entries_(std::move(entries)),
+      options_(options) {
   bool anyToRun = false;
   for (const PathEntry& e : entries_) {
     auto slot = std::make_unique<Slot>();
@@ -163,8 +172,24 @@ PathSet::PathSet(Ops& ops, PathSelection sel, Capabilities caps, std::vector<Pat
       Slot& s = *slots_[i];
       if (!s.run) continue;
       GateResult r;
+      std::string key;
+      std::optional<GateResult> hit;
+      if (options_.useCache) {
+        key = gateCacheKey(entries_[i], caps_, ops_.name());
+        const auto t0 = std::chrono::steady_clock::now();
+        if (!options_.regate) hit = loadCachedGate(entries_[i].name, key);
+        if (hit)
+          hit->millis =
+              std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
+                  .count();
+      }
       try {
-        r = runGate(ops_, entries_[i]);     // catches what the path throws
+        if (hit) {
+          r = std::move(*hit);
+        } else {
+          r = runGate(ops_, entries_[i]);  // catches what the path throws
+          if (options_.useCache) storeCachedGate(entries_[i].name, key, r);
+        }
       } catch (const std::exception& ex) {  // e.g. bad_alloc in the runner itself
         r.path = entries_[i].name;
         r.activeText = entries_[i].activeText;
@@ -172,7 +197,8 @@ PathSet::PathSet(Ops& ops, PathSelection sel, Capabilities caps, std::vector<Pat
         r.metric.meanRelLimit = entries_[i].thresholds.meanRel;
         r.metric.reason = fmt::format("gate error: {}", ex.what());
       }
-      gateLog(consoleLine(r));
+      for (const std::string& line : consoleLines(r)) gateLog(line);
+      if (options_.telemetry) recordTelemetry(telemetryRecord(r, caps_, ops_.name()));
       s.promise.set_value(r);
     }
   });

@@ -17,7 +17,8 @@
 
 namespace ptllm {
 
-// Where gate console lines go (each once, when its gate settles). Default: a line on stderr.
+// Where gate console lines go (each once, when its gate settles: consoleLines(r), the summary
+// last). Default: a line on stderr.
 // Process-wide; setting it is thread-safe; returns the previous sink. An empty function
 // restores the default.
 using GateLogSink = std::function<void(const std::string& line)>;
@@ -35,14 +36,25 @@ struct PathSelection {
   std::string toString() const;
 };
 
+// How a PathSet settles its gates beyond running them. Defaults: a fresh gate, nothing stored
+// (what tests expect); `ptllm` turns the cache and telemetry on (app/engine.cpp).
+struct PathSetOptions {
+  bool useCache = false;   // reuse a cached verdict (gate/gate_cache.h) and store fresh ones
+  bool regate = false;     // with useCache: ignore the cached verdict, run and rewrite it
+  bool telemetry = false;  // append each result that ran (or came from the cache) to the
+                           // telemetry file and sink (gate/telemetry.h)
+};
+
 class PathSet {
  public:
   // Gates every entry of `entries` whose device matches ops.device(), that `sel` allows and
   // whose required capabilities `caps` has. Returns at once; the gates run in the background.
   // `ops` must outlive the set and accept calls from the gate thread.
-  PathSet(Ops& ops, PathSelection sel, Capabilities caps, std::vector<PathEntry> entries);
-  PathSet(Ops& ops, PathSelection sel);  // detected capabilities, registeredPaths()
-  ~PathSet();                            // waits for the gate thread
+  PathSet(Ops& ops, PathSelection sel, Capabilities caps, std::vector<PathEntry> entries,
+          PathSetOptions options = {});
+  PathSet(Ops& ops, PathSelection sel,  // detected capabilities, registeredPaths()
+          PathSetOptions options = {});
+  ~PathSet();  // waits for the gate thread
   PathSet(const PathSet&) = delete;
   PathSet& operator=(const PathSet&) = delete;
 
@@ -60,6 +72,7 @@ class PathSet {
   const PathSelection& selection() const { return sel_; }
   const Capabilities& capabilities() const { return caps_; }
   const std::vector<PathEntry>& entries() const { return entries_; }
+  const PathSetOptions& options() const { return options_; }
 
  private:
   struct Slot;
@@ -67,6 +80,7 @@ class PathSet {
   PathSelection sel_;
   Capabilities caps_;
   std::vector<PathEntry> entries_;
+  PathSetOptions options_;
   std::vector<std::unique_ptr<Slot>> slots_;
   std::thread thread_;
 };

@@ -24,12 +24,26 @@ using PackedBytesFn = size_t (*)(int K, int N);
 
 struct GateShape {
   int M, K, N;
+  std::string label = {};  // optional name in reports; "MxKxN" when empty
+};
+
+// Range-stress probes (gate/gate.h documents each kind and how a probe is judged).
+enum class ProbeKind {
+  Outliers,   // activations with a few values 100x the rest, beyond the f16 range
+  F16Limit,   // weights up to ~6e4 (just inside f16): f16 accumulation overflows
+  BeyondF16,  // a few weights past the f16 range: the path must refuse (not eligible) or be right
+  LargeK,     // a long dot product (K >= 4096) of typical values
+};
+struct GateProbe {
+  std::string name;  // "outliers", "f16-limit", "beyond-f16", "large-k"
+  ProbeKind kind;
+  GateShape shape;
 };
 
 // The spec's magnitude-aware thresholds, as fractions.
 struct GateThresholds {
-  double maxAbsOfMeanRef = 0.01;  // max_abs < 1% of mean|ref|
-  double meanRel = 0.005;         // mean_rel < 0.5%
+  double maxAbsOfMeanRef = 0.01;    // max_abs < 1% of mean|ref|
+  double meanRel = 0.005;           // mean_rel < 0.5%
   double relFloorOfMeanRef = 0.01;  // rel denominator floored at 1% of mean|ref|
 };
 
@@ -45,8 +59,12 @@ struct PathEntry {
   PrepareFn prepare = nullptr;  // null: dispatch takes the f32 weight unchanged
   PackedBytesFn packedBytes = nullptr;
   std::vector<GateShape> gateShapes{{64, 128, 128}};  // the spec's shape first
+  std::vector<GateProbe> gateProbes;                  // range-stress probes (may be empty)
   GateThresholds thresholds;
 };
+
+// The standard probe set a storage-precision path should carry (see gate/gate.h).
+std::vector<GateProbe> standardGateProbes();
 
 // Every path built into this binary, in order of preference (first active one wins).
 const std::vector<PathEntry>& registeredPaths();
