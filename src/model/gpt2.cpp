@@ -127,8 +127,7 @@ void Gpt2::initRandom(uint64_t seed) {
 void Gpt2::invalidatePackedWeights() {
   for (auto& L : layers_)
     for (Linear* l : {&L.attn, &L.proj, &L.fc, &L.fcProj}) {
-      l->packed.reset();
-      l->packedFor = nullptr;
+      l->packedFor = nullptr;  // stale; the buffer is kept and refilled by the next pack
       l->ineligible = false;
     }
 }
@@ -147,11 +146,13 @@ void Gpt2::prepareForInference() {
 }
 
 void Gpt2::pack(Linear& l, const PathEntry* path) {
-  auto buf = ops_.allocBytes(path->packedBytes(l.K, l.N));
-  if (path->prepare(buf->ptr, param(*l.w), l.K, l.N)) {
-    l.packed = std::move(buf);
+  // Re-packing after every train step: reuse the buffer (a fresh one costs page faults).
+  const size_t bytes = path->packedBytes(l.K, l.N);
+  if (!l.packed || l.packed->bytes != bytes) l.packed = ops_.allocBytes(bytes);
+  if (path->prepare(l.packed->ptr, param(*l.w), l.K, l.N)) {
     l.packedFor = path;
   } else {
+    l.packed.reset();
     l.ineligible = true;
     std::fprintf(stderr, "[ops] %s: %s is not representable on this path, it stays on f32\n",
                  path->name.c_str(), l.w->name.c_str());
