@@ -153,12 +153,9 @@ void staleDispatch(float* out, const float* in, const void* w, const float* bias
   cpu::matmul(out, in, it->second.data(), bias, M, K, N);
 }
 
-TEST(ModelGatesTraining, StaleWeightsAfterATrainStepAreCaughtByTheLossGate) {
-  test::TempDir dir;
+// A 2-layer model on generated text, 3 steps, no periodic evaluation.
+TrainOptions tinyRun(const test::TempDir& dir) {
   test::writeText(dir.file("d.txt"), test::sampleText(20000));
-  auto ops = makeCpuOps();
-  PathSet paths(*ops, PathSelection{}, detectCapabilities(), {variant("stale", staleDispatch, stalePrepare)});
-  paths.results();
   TrainOptions o;
   o.dataPath = dir.file("d.txt");
   o.outPath = dir.file("m.safetensors");
@@ -169,8 +166,17 @@ TEST(ModelGatesTraining, StaleWeightsAfterATrainStepAreCaughtByTheLossGate) {
   o.batchSize = 4;
   o.steps = 3;
   o.warmup = 0;
-  o.lr = 1e-2f;
   o.evalEvery = 0;
+  return o;
+}
+
+TEST(ModelGatesTraining, StaleWeightsAfterATrainStepAreCaughtByTheLossGate) {
+  test::TempDir dir;
+  auto ops = makeCpuOps();
+  PathSet paths(*ops, PathSelection{}, detectCapabilities(), {variant("stale", staleDispatch, stalePrepare)});
+  paths.results();
+  TrainOptions o = tinyRun(dir);
+  o.lr = 1e-2f;
   Trainer t(*ops, o);
   t.model().setPaths(&paths);
   gStale.clear();
@@ -187,20 +193,9 @@ TEST(ModelGatesTraining, StaleWeightsAfterATrainStepAreCaughtByTheLossGate) {
 
 TEST(ModelGatesTraining, RealPathKeepsServingTheTrainingForward) {
   test::TempDir dir;
-  test::writeText(dir.file("d.txt"), test::sampleText(20000));
   auto ops = makeCpuOps();
   PathSet paths(*ops, PathSelection{}, detectCapabilities(), {*findPath("f16-storage")});
-  TrainOptions o;
-  o.dataPath = dir.file("d.txt");
-  o.outPath = dir.file("m.safetensors");
-  o.model.nLayer = 2;
-  o.model.nHead = 2;
-  o.model.nEmbd = 32;
-  o.model.blockSize = 32;
-  o.batchSize = 4;
-  o.steps = 3;
-  o.warmup = 0;
-  o.evalEvery = 0;
+  TrainOptions o = tinyRun(dir);
   Trainer t(*ops, o);
   t.model().setPaths(&paths);
   for (int i = 0; i < 3; ++i) t.step();

@@ -33,6 +33,8 @@ class AtomicFileWriter {
 };
 
 bool fileExists(const std::string& path);
+// mkdir -p with mode 0755; false when the directory does not exist afterwards.
+bool makeDirs(const std::string& dir);
 bool isDirectory(const std::string& path);
 
 }  // namespace ptllm

@@ -28,17 +28,6 @@ uint64_t fnv1a(uint64_t h, const unsigned char* p, size_t n) {
   return h;
 }
 
-// mkdir -p; false on failure.
-bool makeDirs(const std::string& dir) {
-  if (dir.empty()) return false;
-  for (size_t pos = 1; pos <= dir.size(); ++pos) {
-    if (pos != dir.size() && dir[pos] != '/') continue;
-    const std::string part = dir.substr(0, pos);
-    if (::mkdir(part.c_str(), 0755) != 0 && errno != EEXIST) return false;
-  }
-  return isDirectory(dir);
-}
-
 std::string safeName(const std::string& name) {
   std::string s;
   for (char c : name)

@@ -22,16 +22,6 @@
 namespace ptllm {
 namespace {
 
-bool makeDirs(const std::string& dir) {
-  if (dir.empty()) return false;
-  for (size_t pos = 1; pos <= dir.size(); ++pos) {
-    if (pos != dir.size() && dir[pos] != '/') continue;
-    const std::string part = dir.substr(0, pos);
-    if (::mkdir(part.c_str(), 0755) != 0 && errno != EEXIST) return false;
-  }
-  return isDirectory(dir);
-}
-
 std::string utcNow() {
   const std::time_t t = std::time(nullptr);
   std::tm tm{};
