@@ -32,6 +32,10 @@ float f16PackedAt(const void* packed, int K, int N, int k, int n);
 void geluForward(float* out, const float* in, int64_t n);
 void geluBackward(float* din, const float* in, const float* dout, int64_t n);
 
+// adamw.cpp — one AdamW step t (1-based) over n parameters.
+void adamw(float* p, const float* g, float* m, float* v, int64_t n, float lr, float beta1,
+           float beta2, float eps, float wd, int t);
+
 // attention.cpp
 void attentionForward(float* out, float* att, const float* qkv, int B, int Tq, int Tk, int C,
                       int NH);

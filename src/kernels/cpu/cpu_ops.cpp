@@ -200,16 +200,7 @@ class CpuOps final : public Ops {
   }
   void adamw(float* p, const float* g, float* m, float* v, int64_t n, float lr, float beta1,
              float beta2, float eps, float wd, int t) override {
-    const float c1 = float(1.0 - std::pow(double(beta1), t));
-    const float c2 = float(1.0 - std::pow(double(beta2), t));
-    pool().parallelFor(n, kElemGrain, [&](int64_t b, int64_t e) {
-      for (int64_t i = b; i < e; ++i) {
-        m[i] = beta1 * m[i] + (1.0f - beta1) * g[i];
-        v[i] = beta2 * v[i] + (1.0f - beta2) * g[i] * g[i];
-        const float mhat = m[i] / c1, vhat = v[i] / c2;
-        p[i] -= lr * (mhat / (std::sqrt(vhat) + eps) + wd * p[i]);
-      }
-    });
+    cpu::adamw(p, g, m, v, n, lr, beta1, beta2, eps, wd, t);
   }
 };
 
