@@ -36,11 +36,15 @@ Run generate(const std::string& paths, const SampleOptions& opt) {
 
 void expectIdentical(const Run& f32, const Run& f16, const char* what) {
   ASSERT_EQ(f32.pathUsed, "f32");
-  ASSERT_EQ(f16.pathUsed, "f16-storage") << "the f16 path was not active: the comparison would be f32 vs f32";
+  ASSERT_EQ(f16.pathUsed, "f16-storage")
+      << "the f16 path was not active: the comparison would be f32 vs f32";
   if (f32.text != f16.text) {
-    const auto mis = std::mismatch(f32.text.begin(), f32.text.end(), f16.text.begin(), f16.text.end());
+    const auto mis =
+        std::mismatch(f32.text.begin(), f32.text.end(), f16.text.begin(), f16.text.end());
     ADD_FAILURE() << what << ": texts differ at byte " << (mis.first - f32.text.begin())
-                  << "\n--- f32:\n" << f32.text << "\n--- f16-storage:\n" << f16.text;
+                  << "\n--- f32:\n"
+                  << f32.text << "\n--- f16-storage:\n"
+                  << f16.text;
   }
 }
 
@@ -75,7 +79,9 @@ TEST_F(BundledModel, PerLayerDifferencesAreSmall) {
     LoadedModel lm = loadCheckpoint(*ops, kModel);
     lm.model->setPaths(&set);
     const auto ids = lm.tokenizer->encode(
-        "ROMEO:\nBut soft, what light through yonder window breaks?\nIt is the east, and Juliet is the sun.", "p");
+        "ROMEO:\nBut soft, what light through yonder window breaks?\nIt is the east, and Juliet is "
+        "the sun.",
+        "p");
     lm.model->forward(ids.data(), nullptr, 1, int(ids.size()));
     auto blocks = lm.model->blockOutputsHost();
     blocks.push_back(lm.model->logitsHost());
@@ -93,7 +99,8 @@ TEST_F(BundledModel, PerLayerDifferencesAreSmall) {
     }
     const double mean = sum / a[l].size(), meanMag = mag / a[l].size();
     std::printf("%-8s max|diff|=%.3e mean|diff|=%.3e mean|f32|=%.3e\n",
-                l + 1 == a.size() ? "logits" : ("block " + std::to_string(l)).c_str(), maxd, mean, meanMag);
+                l + 1 == a.size() ? "logits" : ("block " + std::to_string(l)).c_str(), maxd, mean,
+                meanMag);
     // The gate's own bound, applied per layer: max error under 1% of the mean magnitude.
     EXPECT_LT(maxd, 0.01 * meanMag) << "layer " << l;
     EXPECT_GT(maxd, 0.0) << "identical outputs: was the f16 path really used?";

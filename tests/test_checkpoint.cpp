@@ -81,11 +81,16 @@ TEST(Checkpoint, HuggingFaceDirectoryLoadsWithTheSameLogits) {
   std::vector<safetensors::TensorToWrite> ts;
   std::vector<float> mask(size_t(c.blockSize) * c.blockSize, 1.0f);
   for (const auto& info : m.paramInfos())
-    ts.push_back({"transformer." + info.name, info.shape, p.data() + info.offset, safetensors::DType::F16});
+    ts.push_back(
+        {"transformer." + info.name, info.shape, p.data() + info.offset, safetensors::DType::F16});
   for (int l = 0; l < c.nLayer; ++l)
     ts.push_back({"transformer.h." + std::to_string(l) + ".attn.bias",
-                  {1, 1, c.blockSize, c.blockSize}, mask.data(), safetensors::DType::F32});
-  ts.push_back({"lm_head.weight", {c.vocabSize, c.nEmbd}, p.data() + m.findParam("wte.weight")->offset,
+                  {1, 1, c.blockSize, c.blockSize},
+                  mask.data(),
+                  safetensors::DType::F32});
+  ts.push_back({"lm_head.weight",
+                {c.vocabSize, c.nEmbd},
+                p.data() + m.findParam("wte.weight")->offset,
                 safetensors::DType::F32});
   safetensors::write(dir.file("model.safetensors"), ts, {{"format", "pt"}});
   writeFileAtomic(dir.file("config.json"),
@@ -103,7 +108,8 @@ TEST(Checkpoint, HuggingFaceDirectoryLoadsWithTheSameLogits) {
 // A checkpoint with one thing wrong, and the words its error must contain.
 struct BadCase {
   const char* what;
-  std::function<void(std::vector<safetensors::TensorToWrite>&, std::map<std::string, std::string>&)> edit;
+  std::function<void(std::vector<safetensors::TensorToWrite>&, std::map<std::string, std::string>&)>
+      edit;
   const char* expect;
 };
 
@@ -116,20 +122,32 @@ TEST(Checkpoint, MalformedModelsGiveOneLineErrorsNamingTheProblem) {
   std::vector<float> extra(64, 0.0f);
   const std::vector<BadCase> cases = {
       {"missing tensor", [](auto& ts, auto&) { ts.erase(ts.begin() + 3); }, "missing tensor"},
-      {"unknown tensor", [&](auto& ts, auto&) { ts.push_back({"h.0.mystery", {64}, extra.data()}); },
+      {"unknown tensor",
+       [&](auto& ts, auto&) {
+         ts.push_back({"h.0.mystery", {64}, extra.data()});
+       },
        "unknown tensor h.0.mystery"},
-      {"wrong shape", [](auto& ts, auto&) { ts[0].shape = {16, 10}; }, "expected [10, 16]"},
-      {"bad config", [](auto&, auto& meta) { meta["config"] = "{\"n_layer\": 2}"; }, "missing field n_head"},
+      {"wrong shape",
+       [](auto& ts, auto&) {
+         ts[0].shape = {16, 10};
+       },
+       "expected [10, 16]"},
+      {"bad config", [](auto&, auto& meta) { meta["config"] = "{\"n_layer\": 2}"; },
+       "missing field n_head"},
       {"config not json", [](auto&, auto& meta) { meta["config"] = "[nope"; }, "not a JSON object"},
-      {"indivisible heads", [](auto&, auto& meta) {
+      {"indivisible heads",
+       [](auto&, auto& meta) {
          meta["config"] = R"({"n_layer":2,"n_head":3,"n_embd":16,"block_size":16,"vocab_size":10})";
-       }, "not divisible"},
-      {"bad tokenizer", [](auto&, auto& meta) { meta["tokenizer"] = R"({"type":"char","vocab":[3,2]})"; },
+       },
+       "not divisible"},
+      {"bad tokenizer",
+       [](auto&, auto& meta) { meta["tokenizer"] = R"({"type":"char","vocab":[3,2]})"; },
        "not sorted"},
   };
   for (const auto& bc : cases) {
     std::vector<safetensors::TensorToWrite> ts;
-    for (const auto& info : m.paramInfos()) ts.push_back({info.name, info.shape, p.data() + info.offset});
+    for (const auto& info : m.paramInfos())
+      ts.push_back({info.name, info.shape, p.data() + info.offset});
     std::map<std::string, std::string> meta = {{"config", configToJson(m.config())}};
     bc.edit(ts, meta);
     const std::string path = dir.file("bad.safetensors");

@@ -18,7 +18,6 @@
 namespace ptllm {
 namespace {
 
-
 constexpr float kEps = std::numeric_limits<float>::epsilon();
 
 // The binary16 bits packF16 stores for x (a 1x1 matrix; the layout pads it to a panel).

@@ -139,7 +139,8 @@ TEST(Gpt2, KvCacheLogitsEqualFullRecompute) {
       m.resetCache();
       std::vector<float> logits(9);
       m.forwardCached(seq.data(), prefill, logits.data());
-      EXPECT_LE(test::worstRatio(logits.data(), full.data() + (prefill - 1) * 9, 9, 1e-5, 1e-5), 1.0);
+      EXPECT_LE(test::worstRatio(logits.data(), full.data() + (prefill - 1) * 9, 9, 1e-5, 1e-5),
+                1.0);
       for (int t = prefill; t < 12; ++t) {
         m.forwardCached(seq.data() + t, 1, logits.data());
         EXPECT_LE(test::worstRatio(logits.data(), full.data() + t * 9, 9, 1e-5, 1e-5), 1.0)

@@ -28,7 +28,8 @@ const std::string kModel = std::string(PTLLM_SOURCE_DIR) + "/models/shakespeare.
 std::atomic<bool> gArmed{false};
 std::atomic<int> gDecodeCalls{0};
 std::atomic<int> gCorruptAfter{0};
-void lateCorrupting(float* out, const float* in, const void* w, const float* bias, int M, int K, int N) {
+void lateCorrupting(float* out, const float* in, const void* w, const float* bias, int M, int K,
+                    int N) {
   cpu::matmulF16(out, in, w, bias, M, K, N);
   if (!gArmed || M != 1) return;
   if (gDecodeCalls.fetch_add(1) >= gCorruptAfter)
@@ -50,7 +51,8 @@ struct Loaded {
 };
 Loaded load(std::vector<PathEntry> entries) {
   Loaded l;
-  l.paths = std::make_unique<PathSet>(*l.ops, PathSelection{}, detectCapabilities(), std::move(entries));
+  l.paths =
+      std::make_unique<PathSet>(*l.ops, PathSelection{}, detectCapabilities(), std::move(entries));
   l.lm = loadCheckpoint(*l.ops, kModel);
   l.lm.model->setPaths(l.paths.get());
   l.paths->results();  // matmul gates settled before the fault is armed
@@ -136,7 +138,7 @@ TEST_F(ModelGates, LateDriftIsCaughtByTheSentinelAndDemotesToF32) {
 
 // Keeps the first weights it was given for each f32 weight: after an update it computes with
 // stale values though the model re-packed.
-std::map<const void*, std::vector<float>> gStale;  // packed dst -> first-seen weights
+std::map<const void*, std::vector<float>> gStale;   // packed dst -> first-seen weights
 std::map<const float*, std::vector<float>> gFirst;  // f32 weight -> first-seen weights
 bool stalePrepare(void* dst, const float* w, int K, int N) {
   if (!cpu::packF16(dst, w, K, N)) return false;
@@ -147,7 +149,8 @@ bool stalePrepare(void* dst, const float* w, int K, int N) {
   }
   return true;
 }
-void staleDispatch(float* out, const float* in, const void* w, const float* bias, int M, int K, int N) {
+void staleDispatch(float* out, const float* in, const void* w, const float* bias, int M, int K,
+                   int N) {
   auto it = gStale.find(w);
   if (it == gStale.end()) return cpu::matmulF16(out, in, w, bias, M, K, N);
   cpu::matmul(out, in, it->second.data(), bias, M, K, N);
@@ -173,7 +176,8 @@ TrainOptions tinyRun(const test::TempDir& dir) {
 TEST(ModelGatesTraining, StaleWeightsAfterATrainStepAreCaughtByTheLossGate) {
   test::TempDir dir;
   auto ops = makeCpuOps();
-  PathSet paths(*ops, PathSelection{}, detectCapabilities(), {variant("stale", staleDispatch, stalePrepare)});
+  PathSet paths(*ops, PathSelection{}, detectCapabilities(),
+                {variant("stale", staleDispatch, stalePrepare)});
   paths.results();
   TrainOptions o = tinyRun(dir);
   o.lr = 1e-2f;

@@ -25,8 +25,8 @@ constexpr double kAtol = 2e-5, kRtol = 2e-5;
 struct Shape4 {
   int B, T, C, NH;
 };
-const Shape4 kShapes[] = {{1, 1, 4, 1}, {1, 7, 12, 3}, {2, 5, 16, 2}, {3, 33, 32, 4},
-                          {2, 64, 64, 4}, {1, 129, 48, 6}};
+const Shape4 kShapes[] = {{1, 1, 4, 1},   {1, 7, 12, 3},  {2, 5, 16, 2},
+                          {3, 33, 32, 4}, {2, 64, 64, 4}, {1, 129, 48, 6}};
 
 class OpsVsRef : public ::testing::TestWithParam<int> {
  protected:
@@ -47,10 +47,12 @@ TEST_P(OpsVsRef, LayerNormForwardBackward) {
     ref->layernormForward(yr.data(), mr.data(), rr.data(), x.data(), w.data(), b.data(), M, C);
     cpu->layernormForward(yc.data(), mc.data(), rc.data(), x.data(), w.data(), b.data(), M, C);
     ASSERT_TRUE(allFinite(yc.data(), yc.size()));
-    EXPECT_LE(worstRatio(yc.data(), yr.data(), yc.size(), kAtol, kRtol), 1.0) << "M=" << M << " C=" << C;
+    EXPECT_LE(worstRatio(yc.data(), yr.data(), yc.size(), kAtol, kRtol), 1.0)
+        << "M=" << M << " C=" << C;
     EXPECT_LE(worstRatio(rc.data(), rr.data(), M, kAtol, kRtol), 1.0);
     // Backward accumulates into its outputs: start from the same non-zero values.
-    auto dxr = randomVector(x.size(), ++seed), dwr = randomVector(C, ++seed), dbr = randomVector(C, ++seed);
+    auto dxr = randomVector(x.size(), ++seed), dwr = randomVector(C, ++seed),
+         dbr = randomVector(C, ++seed);
     auto dxc = dxr, dwc = dwr, dbc = dbr;
     ref->layernormBackward(dxr.data(), dwr.data(), dbr.data(), dy.data(), x.data(), w.data(),
                            mr.data(), rr.data(), M, C);
@@ -104,9 +106,10 @@ TEST_P(OpsVsRef, AttentionForwardBackward) {
       auto yq = poisoned(size_t(B) * Tq * C), aq = poisoned(size_t(B) * NH * Tq * T);
       cpu->attentionForward(yq.data(), aq.data(), qkv.data(), B, Tq, T, C, NH);
       for (int b = 0; b < B; ++b)
-        EXPECT_LE(worstRatio(yq.data() + size_t(b) * Tq * C,
-                             yr.data() + (size_t(b) * T + T - Tq) * C, size_t(Tq) * C, kAtol, kRtol),
-                  1.0);
+        EXPECT_LE(
+            worstRatio(yq.data() + size_t(b) * Tq * C, yr.data() + (size_t(b) * T + T - Tq) * C,
+                       size_t(Tq) * C, kAtol, kRtol),
+            1.0);
     }
   }
 }
@@ -164,8 +167,8 @@ double weightedSum(const std::vector<float>& y, const std::vector<float>& r) {
 }
 
 void expectGradMatches(const std::function<double(const std::vector<float>&)>& loss,
-                       std::vector<float> x, const std::vector<float>& analytic,
-                       const char* what, double h = 1e-3, double tol = 2e-3) {
+                       std::vector<float> x, const std::vector<float>& analytic, const char* what,
+                       double h = 1e-3, double tol = 2e-3) {
   ASSERT_EQ(x.size(), analytic.size());
   for (size_t j = 0; j < x.size(); ++j) {
     const float x0 = x[j];
@@ -212,8 +215,8 @@ TEST(FiniteDifferences, LayerNorm) {
   };
   std::vector<float> y(M * C), mean(M), rstd(M), dx(M * C, 0.0f), dw(C, 0.0f), db(C, 0.0f);
   ops->layernormForward(y.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), M, C);
-  ops->layernormBackward(dx.data(), dw.data(), db.data(), r.data(), x.data(), w.data(),
-                         mean.data(), rstd.data(), M, C);
+  ops->layernormBackward(dx.data(), dw.data(), db.data(), r.data(), x.data(), w.data(), mean.data(),
+                         rstd.data(), M, C);
   expectGradMatches([&](const auto& v) { return fwd(v, w, b); }, x, dx, "dx");
   expectGradMatches([&](const auto& v) { return fwd(x, v, b); }, w, dw, "dw");
   expectGradMatches([&](const auto& v) { return fwd(x, w, v); }, b, db, "db");

@@ -65,8 +65,8 @@ void writeText(const std::string& path, const std::string& text) {
 }
 
 std::string sampleText(size_t n, uint64_t seed) {
-  static const char* kWords[] = {"the", "king", "shall", "speak", "to", "thee", "and", "my",
-                                 "lord", "of", "love", "night", "what", "is", "a", "good"};
+  static const char* kWords[] = {"the",  "king", "shall", "speak", "to",   "thee", "and", "my",
+                                 "lord", "of",   "love",  "night", "what", "is",   "a",   "good"};
   Rng rng(seed);
   std::string s;
   while (s.size() < n) {

@@ -20,7 +20,9 @@ namespace ptllm::app {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+double since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
 
 struct ModelArgs {
   ModelConfig cfg;
@@ -42,7 +44,9 @@ void addModelOptions(CLI::App* cmd, ModelArgs& a) {
   cmd->add_option("--vocab", a.cfg.vocabSize)->capture_default_str();
 }
 
-std::string pathName(Gpt2& m) { return m.lastLinearPath(); }
+std::string pathName(Gpt2& m) {
+  return m.lastLinearPath();
+}
 
 void benchTrain(const ModelArgs& a, const GlobalOptions& g) {
   Engine e = makeEngine(g);
@@ -70,11 +74,12 @@ void benchTrain(const ModelArgs& a, const GlobalOptions& g) {
   }
   const double secs = since(start);
   std::sort(times.begin(), times.end());
-  std::printf("peer=ptllm mode=train n_layer=%d n_head=%d n_embd=%d block=%d batch=%d steps=%d "
-              "threads=%d path=%s params=%lld loss=%.4f secs=%.3f step_ms_median=%.2f tok_s=%.1f\n",
-              a.cfg.nLayer, a.cfg.nHead, a.cfg.nEmbd, T, B, a.steps, threadCount(),
-              pathName(m).c_str(), (long long)m.numParams(), loss, secs,
-              times[times.size() / 2] * 1000, double(B) * T * a.steps / secs);
+  std::printf(
+      "peer=ptllm mode=train n_layer=%d n_head=%d n_embd=%d block=%d batch=%d steps=%d "
+      "threads=%d path=%s params=%lld loss=%.4f secs=%.3f step_ms_median=%.2f tok_s=%.1f\n",
+      a.cfg.nLayer, a.cfg.nHead, a.cfg.nEmbd, T, B, a.steps, threadCount(), pathName(m).c_str(),
+      (long long)m.numParams(), loss, secs, times[times.size() / 2] * 1000,
+      double(B) * T * a.steps / secs);
 }
 
 void benchSample(const ModelArgs& a, const GlobalOptions& g) {
@@ -93,10 +98,11 @@ void benchSample(const ModelArgs& a, const GlobalOptions& g) {
   const auto t0 = Clock::now();
   gen.generate(prompt, o);
   const double secs = since(t0);
-  std::printf("peer=ptllm mode=sample n_layer=%d n_head=%d n_embd=%d block=%d threads=%d path=%s "
-              "params=%lld tokens=%d secs=%.4f tok_s=%.2f\n",
-              a.cfg.nLayer, a.cfg.nHead, a.cfg.nEmbd, a.cfg.blockSize, threadCount(),
-              pathName(m).c_str(), (long long)m.numParams(), a.tokens, secs, a.tokens / secs);
+  std::printf(
+      "peer=ptllm mode=sample n_layer=%d n_head=%d n_embd=%d block=%d threads=%d path=%s "
+      "params=%lld tokens=%d secs=%.4f tok_s=%.2f\n",
+      a.cfg.nLayer, a.cfg.nHead, a.cfg.nEmbd, a.cfg.blockSize, threadCount(), pathName(m).c_str(),
+      (long long)m.numParams(), a.tokens, secs, a.tokens / secs);
 }
 
 // Median seconds of fn over `iters` calls after 3 warm-ups.
@@ -119,8 +125,11 @@ void benchMatmul(const GlobalOptions& g, int iters) {
   if (!f16) fail("bench matmul: this build has no f16-storage path");
   const auto verdict = e.paths->ready("f16-storage").get();
   // A path is timed only after it passed its gate (or with --paths f32 never).
-  if (!verdict.active()) fail("bench matmul: f16-storage is not active here (gate: {})", verdict.pass ? "PASS" : "FAIL");
-  struct S { int M, K, N; };
+  if (!verdict.active())
+    fail("bench matmul: f16-storage is not active here (gate: {})", verdict.pass ? "PASS" : "FAIL");
+  struct S {
+    int M, K, N;
+  };
   for (S s : {S{1, 4096, 4096}, S{1, 1024, 1024}, S{64, 1024, 1024}, S{256, 1024, 1024}}) {
     Rng rng(1);
     std::vector<float> x(size_t(s.M) * s.K), b(size_t(s.N)), y(size_t(s.M) * s.N);
@@ -138,18 +147,25 @@ void benchMatmul(const GlobalOptions& g, int iters) {
       PTLLM_ASSERT(f16->prepare(packed.back()->ptr, wc.data(), s.K, s.N));
     }
     int i32 = 0, i16 = 0;
-    const double tf32 = medianSeconds([&] {
-      e.ops->matmul(y.data(), x.data(), w[size_t(i32++ % copies)].data(), b.data(), s.M, s.K, s.N);
-    }, iters);
-    const double tf16 = medianSeconds([&] {
-      f16->dispatch(y.data(), x.data(), packed[size_t(i16++ % copies)]->ptr, b.data(), s.M, s.K, s.N);
-    }, iters);
+    const double tf32 = medianSeconds(
+        [&] {
+          e.ops->matmul(y.data(), x.data(), w[size_t(i32++ % copies)].data(), b.data(), s.M, s.K,
+                        s.N);
+        },
+        iters);
+    const double tf16 = medianSeconds(
+        [&] {
+          f16->dispatch(y.data(), x.data(), packed[size_t(i16++ % copies)]->ptr, b.data(), s.M, s.K,
+                        s.N);
+        },
+        iters);
     const double flop = 2.0 * s.M * s.K * s.N, wElems = double(s.K) * s.N;
-    std::printf("peer=ptllm mode=matmul M=%d K=%d N=%d threads=%d copies=%d f32_us=%.1f f16_us=%.1f "
-                "f16_speedup=%.2f f32_gflops=%.1f f16_gflops=%.1f f32_weight_gbs=%.1f "
-                "f16_weight_gbs=%.1f\n",
-                s.M, s.K, s.N, threadCount(), copies, tf32 * 1e6, tf16 * 1e6, tf32 / tf16, flop / tf32 / 1e9,
-                flop / tf16 / 1e9, wElems * 4 / tf32 / 1e9, wElems * 2 / tf16 / 1e9);
+    std::printf(
+        "peer=ptllm mode=matmul M=%d K=%d N=%d threads=%d copies=%d f32_us=%.1f f16_us=%.1f "
+        "f16_speedup=%.2f f32_gflops=%.1f f16_gflops=%.1f f32_weight_gbs=%.1f "
+        "f16_weight_gbs=%.1f\n",
+        s.M, s.K, s.N, threadCount(), copies, tf32 * 1e6, tf16 * 1e6, tf32 / tf16,
+        flop / tf32 / 1e9, flop / tf16 / 1e9, wElems * 4 / tf32 / 1e9, wElems * 2 / tf16 / 1e9);
   }
   // Gate cost: every gate from a fresh ops object, as at startup.
   const auto t0 = Clock::now();
@@ -172,15 +188,24 @@ void addBenchCommand(CLI::App& app, GlobalOptions& g) {
   train->add_option("--batch-size", a->batch)->capture_default_str();
   train->add_option("--steps", a->steps)->capture_default_str();
   train->add_option("--warmup", a->warmup)->capture_default_str();
-  train->callback([a, &g] { g.apply(); benchTrain(*a, g); });
+  train->callback([a, &g] {
+    g.apply();
+    benchTrain(*a, g);
+  });
   auto* sample = cmd->add_subcommand("sample", "greedy sampling tokens/s with the KV cache");
   addModelOptions(sample, *a);
   sample->add_option("--tokens", a->tokens)->capture_default_str();
-  sample->callback([a, &g] { g.apply(); benchSample(*a, g); });
+  sample->callback([a, &g] {
+    g.apply();
+    benchSample(*a, g);
+  });
   auto iters = std::make_shared<int>(50);
   auto* mm = cmd->add_subcommand("matmul", "f16-storage vs f32 matmul, GB/s of weight reads");
   mm->add_option("--iters", *iters)->capture_default_str();
-  mm->callback([iters, &g] { g.apply(); benchMatmul(g, *iters); });
+  mm->callback([iters, &g] {
+    g.apply();
+    benchMatmul(g, *iters);
+  });
 }
 
 }  // namespace ptllm::app

@@ -24,15 +24,17 @@ void addInfoCommand(CLI::App& app, GlobalOptions& /*g*/) {
     else if (auto it = f.metadata().find("config"); it != f.metadata().end())
       cfg = configFromJson(it->second, file + ": __metadata__.config");
     if (cfg)
-      std::printf("config: n_layer=%d n_head=%d n_embd=%d block_size=%d vocab_size=%d\n"
-                  "parameters: %lld (%.2fM)\n",
-                  cfg->nLayer, cfg->nHead, cfg->nEmbd, cfg->blockSize, cfg->vocabSize,
-                  (long long)cfg->parameterCount(), double(cfg->parameterCount()) / 1e6);
+      std::printf(
+          "config: n_layer=%d n_head=%d n_embd=%d block_size=%d vocab_size=%d\n"
+          "parameters: %lld (%.2fM)\n",
+          cfg->nLayer, cfg->nHead, cfg->nEmbd, cfg->blockSize, cfg->vocabSize,
+          (long long)cfg->parameterCount(), double(cfg->parameterCount()) / 1e6);
     int64_t stored = 0;
     for (const auto& t : f.tensors()) stored += t.numel;
     std::printf("tensors: %zu (%lld values)\n", f.tensors().size(), (long long)stored);
     for (const auto& t : f.tensors())
-      std::printf("  %-32s %-5s %s\n", t.name.c_str(), t.dtypeName.c_str(), shapeString(t.shape).c_str());
+      std::printf("  %-32s %-5s %s\n", t.name.c_str(), t.dtypeName.c_str(),
+                  shapeString(t.shape).c_str());
     std::printf("metadata:\n");
     for (const auto& [k, v] : f.metadata()) {
       const std::string shown = v.size() > 200 ? v.substr(0, 200) + "..." : v;

@@ -34,7 +34,8 @@ void addSampleCommand(CLI::App& app, GlobalOptions& g) {
     Engine engine = makeEngine(g);  // gates start now, in the background
     const std::string path = a->model.empty() ? bundledModelPath() : a->model;
     LoadedModel lm = loadCheckpoint(*engine.ops, path);
-    if (!lm.tokenizer) fail("{}: checkpoint has no character tokenizer; cannot encode a prompt", path);
+    if (!lm.tokenizer)
+      fail("{}: checkpoint has no character tokenizer; cannot encode a prompt", path);
     const auto prompt = lm.tokenizer->encode(a->prompt, "--prompt");
     if (prompt.empty()) fail("--prompt is empty");
     Gpt2& model = *lm.model;
@@ -43,7 +44,8 @@ void addSampleCommand(CLI::App& app, GlobalOptions& g) {
     model.prepareForInference();  // waits for the matmul gate, packs weights for the active path
     modelGate.apply();            // waits for the model gates; demotes the path if they failed
     model.prepareForInference();
-    const double warm = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double warm =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::fprintf(stderr, "inference warmed up in %.1fs%s — ready to generate.\n", warm,
                  engine.paths->statusClause().c_str());
     std::fputs(a->prompt.c_str(), stdout);

@@ -16,7 +16,9 @@ namespace ptllm::app {
 namespace {
 
 std::atomic<bool> gStop{false};
-extern "C" void onSigint(int) { gStop.store(true); }
+extern "C" void onSigint(int) {
+  gStop.store(true);
+}
 
 std::string hms(double s) {
   const int t = int(s + 0.5);
@@ -59,12 +61,17 @@ void addTrainCommand(CLI::App& app, GlobalOptions& g) {
   cmd->add_option("--steps", o->steps, "optimisation steps")->capture_default_str();
   cmd->add_option("--lr", o->lr, "peak learning rate")->capture_default_str();
   cmd->add_option("--warmup", o->warmup, "linear warm-up steps")->capture_default_str();
-  cmd->add_option("--eval-every", o->evalEvery, "validate every N steps (0: at the end)")->capture_default_str();
-  cmd->add_option("--eval-batches", o->evalBatches, "batches per periodic validation")->capture_default_str();
-  cmd->add_option("--save-every", o->saveEvery, "checkpoint every N steps (0: at the end)")->capture_default_str();
+  cmd->add_option("--eval-every", o->evalEvery, "validate every N steps (0: at the end)")
+      ->capture_default_str();
+  cmd->add_option("--eval-batches", o->evalBatches, "batches per periodic validation")
+      ->capture_default_str();
+  cmd->add_option("--save-every", o->saveEvery, "checkpoint every N steps (0: at the end)")
+      ->capture_default_str();
   cmd->add_option("--seed", o->seed, "random seed (init and batches)")->capture_default_str();
-  cmd->add_option("--weight-decay", o->weightDecay, "AdamW weight decay on 2-D weights")->capture_default_str();
-  cmd->add_option("--log-every", *logEvery, "print a line every N steps when not on a terminal")->capture_default_str();
+  cmd->add_option("--weight-decay", o->weightDecay, "AdamW weight decay on 2-D weights")
+      ->capture_default_str();
+  cmd->add_option("--log-every", *logEvery, "print a line every N steps when not on a terminal")
+      ->capture_default_str();
   cmd->callback([o, logEvery, &g, cmd] {
     g.apply();
     if (!o->resumePath.empty() && cmd->count("--steps") == 0) o->steps = 0;  // keep the saved count
@@ -81,7 +88,9 @@ void addTrainCommand(CLI::App& app, GlobalOptions& g) {
                  opts.dataPath.c_str(), c.vocabSize, c.nLayer, c.nHead, c.nEmbd, c.blockSize,
                  double(trainer.model().numParams()) / 1e6, opts.batchSize, opts.steps,
                  trainer.stepsDone(), double(opts.lr));
-    if (trainer.stepsDone() >= opts.steps) fail("train: the run already did {} of {} steps; pass a larger --steps", trainer.stepsDone(), opts.steps);
+    if (trainer.stepsDone() >= opts.steps)
+      fail("train: the run already did {} of {} steps; pass a larger --steps", trainer.stepsDone(),
+           opts.steps);
     const bool tty = ::isatty(2);
     std::signal(SIGINT, onSigint);
     double lastVal = -1;

@@ -20,11 +20,12 @@ template <typename... Args>
   throw Error(fmt::format(f, std::forward<Args>(args)...));
 }
 
-[[noreturn]] void assertionFailed(const char* expr, const char* file, int line, const std::string& msg);
+[[noreturn]] void assertionFailed(const char* expr, const char* file, int line,
+                                  const std::string& msg);
 
 }  // namespace ptllm
 
-#define PTLLM_ASSERT(cond, ...)                                                            \
-  do {                                                                                     \
+#define PTLLM_ASSERT(cond, ...)                                                                    \
+  do {                                                                                             \
     if (!(cond)) ::ptllm::assertionFailed(#cond, __FILE__, __LINE__, fmt::format("" __VA_ARGS__)); \
   } while (0)

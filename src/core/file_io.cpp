@@ -67,7 +67,8 @@ void AtomicFileWriter::commit() {
   }
   // Make the rename durable.
   std::string dir = ".";
-  if (auto slash = path_.rfind('/'); slash != std::string::npos) dir = slash == 0 ? "/" : path_.substr(0, slash);
+  if (auto slash = path_.rfind('/'); slash != std::string::npos)
+    dir = slash == 0 ? "/" : path_.substr(0, slash);
   int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dfd >= 0) {
     ::fsync(dfd);

@@ -24,7 +24,9 @@ class Rng {
   double uniformDouble() { return static_cast<double>(next() >> 11) * (1.0 / 9007199254740992.0); }
   float uniform(float lo, float hi) { return lo + (hi - lo) * uniform(); }
   // Uniform integer in [0, n), n > 0 (Lemire's multiply-shift; bias below 2^-32 for n < 2^32).
-  uint64_t below(uint64_t n) { return static_cast<uint64_t>((static_cast<unsigned __int128>(next()) * n) >> 64); }
+  uint64_t below(uint64_t n) {
+    return static_cast<uint64_t>((static_cast<unsigned __int128>(next()) * n) >> 64);
+  }
   // Standard normal (Box-Muller; one of the pair is discarded to keep the state one word).
   float normal() {
     double u1 = uniformDouble(), u2 = uniformDouble();

@@ -7,7 +7,9 @@
 
 namespace ptllm {
 
-const char* deviceName(Device d) { return d == Device::CPU ? "cpu" : "cuda"; }
+const char* deviceName(Device d) {
+  return d == Device::CPU ? "cpu" : "cuda";
+}
 
 std::shared_ptr<Buffer> allocHost(size_t bytes) {
   auto buf = std::make_shared<Buffer>();
@@ -38,7 +40,8 @@ Tensor::Tensor(Shape shape) : shape_(std::move(shape)) {
   buf_ = allocHost(static_cast<size_t>(numel()) * sizeof(float));
 }
 
-Tensor::Tensor(Shape shape, std::shared_ptr<Buffer> buf) : shape_(std::move(shape)), buf_(std::move(buf)) {
+Tensor::Tensor(Shape shape, std::shared_ptr<Buffer> buf)
+    : shape_(std::move(shape)), buf_(std::move(buf)) {
   PTLLM_ASSERT(buf_ && buf_->bytes >= bytes(), "buffer too small for {}", shapeString(shape_));
 }
 

@@ -150,6 +150,8 @@ void setThreads(int threads) {
   poolSlot() = std::make_unique<ThreadPool>(threads > 0 ? threads : defaultThreads());
 }
 
-int threadCount() { return pool().size(); }
+int threadCount() {
+  return pool().size();
+}
 
 }  // namespace ptllm

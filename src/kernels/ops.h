@@ -27,8 +27,8 @@ class Ops {
   Tensor alloc(const Shape& shape) {
     return Tensor(shape, allocBytes(static_cast<size_t>(numelOf(shape)) * sizeof(float)));
   }
-  virtual void upload(Tensor& dst, const float* host) = 0;      // host -> dst (dst.numel())
-  virtual void download(float* host, const Tensor& src) = 0;    // src -> host
+  virtual void upload(Tensor& dst, const float* host) = 0;    // host -> dst (dst.numel())
+  virtual void download(float* host, const Tensor& src) = 0;  // src -> host
   virtual void copy(float* dst, const float* src, int64_t n) = 0;
   virtual void fill(float* dst, float value, int64_t n) = 0;
 
@@ -68,16 +68,16 @@ class Ops {
   virtual void attentionForward(float* out, float* att, const float* qkv, int B, int Tq, int Tk,
                                 int C, int NH) = 0;
   // Training form (Tq == Tk == T). dqkv[B,T,3C] (=).
-  virtual void attentionBackward(float* dqkv, const float* dout, const float* qkv,
-                                 const float* att, int B, int T, int C, int NH) = 0;
+  virtual void attentionBackward(float* dqkv, const float* dout, const float* qkv, const float* att,
+                                 int B, int T, int C, int NH) = 0;
 
   // ---- embeddings and loss ----
   // out[B,T,C] = wte[tok[b,t]] + wpe[pos0 + t]
   virtual void embeddingForward(float* out, const int32_t* tokens, const float* wte,
                                 const float* wpe, int B, int T, int C, int pos0) = 0;
   // dwte[V,C] (+=), dwpe[T,C] (+=) from dout[B,T,C]
-  virtual void embeddingBackward(float* dwte, float* dwpe, const float* dout,
-                                 const int32_t* tokens, int B, int T, int C) = 0;
+  virtual void embeddingBackward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
+                                 int B, int T, int C) = 0;
   // Softmax cross-entropy over logits[M,V]: losses[M] = -log p[target]; when dlogits is not
   // null, dlogits[M,V] = (p - onehot(target)) * dscale (dlogits may alias logits).
   // A target < 0 is ignored (loss 0, zero gradient).
@@ -89,8 +89,8 @@ class Ops {
   virtual double sumSquares(const float* x, int64_t n) = 0;
   virtual void scale(float* x, float s, int64_t n) = 0;
   // AdamW step t (1-based) with bias correction; decoupled weight decay wd * lr * p.
-  virtual void adamw(float* p, const float* g, float* m, float* v, int64_t n, float lr,
-                     float beta1, float beta2, float eps, float wd, int t) = 0;
+  virtual void adamw(float* p, const float* g, float* m, float* v, int64_t n, float lr, float beta1,
+                     float beta2, float eps, float wd, int t) = 0;
 };
 
 // The plain single-threaded f32 reference (kernels/ref): the truth every backend is tested

@@ -66,9 +66,10 @@ ModelConfig inferConfig(const st::File& f, const std::string& where) {
     if (std::regex_match(t.name, m, kLayer)) layers.insert(std::stoi(m[1]));
   }
   c.nLayer = int(layers.size());
-  fail("{}: no model config (n_head) in the metadata; for an HF checkpoint load its directory "
-       "(config.json + model.safetensors) (inferred n_layer={}, n_embd={})",
-       where, c.nLayer, c.nEmbd);
+  fail(
+      "{}: no model config (n_head) in the metadata; for an HF checkpoint load its directory "
+      "(config.json + model.safetensors) (inferred n_layer={}, n_embd={})",
+      where, c.nLayer, c.nEmbd);
 }
 
 }  // namespace
@@ -186,10 +187,12 @@ std::map<std::string, std::string> loadOptimizerState(Gpt2& model, const std::st
     }
   };
   if (field("num_params") != int64_t(n))
-    fail("{}: optimizer state is for {} parameters, the model has {}", path, field("num_params"), n);
+    fail("{}: optimizer state is for {} parameters, the model has {}", path, field("num_params"),
+         n);
   for (const char* name : {"adam.m", "adam.v"}) {
     const auto* t = f.find(name);
-    if (!t || t->numel != int64_t(n)) fail("{}: tensor {} missing or of the wrong size", path, name);
+    if (!t || t->numel != int64_t(n))
+      fail("{}: tensor {} missing or of the wrong size", path, name);
   }
   std::vector<float> host(n);
   f.readF32Into("adam.m", host.data(), n);

@@ -13,13 +13,14 @@ void ModelConfig::validate(const std::string& where) const {
   positive("n_embd", nEmbd, 65536);
   positive("block_size", blockSize, 1 << 20);
   positive("vocab_size", vocabSize, 1 << 24);
-  if (nEmbd % nHead != 0) fail("{}: n_embd = {} is not divisible by n_head = {}", where, nEmbd, nHead);
+  if (nEmbd % nHead != 0)
+    fail("{}: n_embd = {} is not divisible by n_head = {}", where, nEmbd, nHead);
 }
 
 int64_t ModelConfig::parameterCount() const {
   const int64_t C = nEmbd;
-  const int64_t perLayer = 2 * C + (C * 3 * C + 3 * C) + (C * C + C) + 2 * C + (C * 4 * C + 4 * C) +
-                           (4 * C * C + C);
+  const int64_t perLayer =
+      2 * C + (C * 3 * C + 3 * C) + (C * C + C) + 2 * C + (C * 4 * C + 4 * C) + (4 * C * C + C);
   return int64_t(vocabSize) * C + int64_t(blockSize) * C + nLayer * perLayer + 2 * C;
 }
 

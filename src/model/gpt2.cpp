@@ -29,9 +29,9 @@ struct Gpt2::Layer {
 // Activations of one forward (training: B*T rows; inference: up to blockSize rows).
 struct Gpt2::Acts {
   int B = 0, T = 0;
-  Tensor encoded;                       // [BT, C]
-  std::vector<Tensor> ln1, ln1Mean, ln1Rstd, qkv, atty, att, attProj, res2, ln2, ln2Mean,
-      ln2Rstd, fch, fchGelu, fcProj, res3;
+  Tensor encoded;  // [BT, C]
+  std::vector<Tensor> ln1, ln1Mean, ln1Rstd, qkv, atty, att, attProj, res2, ln2, ln2Mean, ln2Rstd,
+      fch, fchGelu, fcProj, res3;
   Tensor lnf, lnfMean, lnfRstd, logits, losses;
   // backward scratch
   Tensor dres, dln, dqkv, datty, dfch;
@@ -307,7 +307,9 @@ std::vector<std::vector<float>> Gpt2::blockOutputsHost() const {
   return out;
 }
 
-void Gpt2::zeroGrad() { ops_.fill(gradBuf_.data(), 0.0f, numParams_); }
+void Gpt2::zeroGrad() {
+  ops_.fill(gradBuf_.data(), 0.0f, numParams_);
+}
 
 void Gpt2::backward() {
   PTLLM_ASSERT(acts_ && !acts_->targets.empty(), "backward() needs a forward with targets");
@@ -346,8 +348,8 @@ void Gpt2::backward() {
                            a.ln2Rstd[l].data(), M, C);
     // res2 = x + proj(attn(attn_in(ln1(x)))).
     linearBackward(L.proj, a.datty.data(), a.dres.data(), a.atty[l].data(), M);
-    ops_.attentionBackward(a.dqkv.data(), a.datty.data(), a.qkv[l].data(), a.att[l].data(), B, T,
-                           C, NH);
+    ops_.attentionBackward(a.dqkv.data(), a.datty.data(), a.qkv[l].data(), a.att[l].data(), B, T, C,
+                           NH);
     linearBackward(L.attn, a.dln.data(), a.dqkv.data(), a.ln1[l].data(), M);
     ops_.layernormBackward(a.dres.data(), grad(*L.ln1w), grad(*L.ln1b), a.dln.data(), x,
                            param(*L.ln1w), a.ln1Mean[l].data(), a.ln1Rstd[l].data(), M, C);
@@ -357,7 +359,8 @@ void Gpt2::backward() {
 
 float Gpt2::clipGradNorm(float maxNorm) {
   const float norm = float(std::sqrt(ops_.sumSquares(gradBuf_.data(), numParams_)));
-  if (std::isfinite(norm) && norm > maxNorm) ops_.scale(gradBuf_.data(), maxNorm / norm, numParams_);
+  if (std::isfinite(norm) && norm > maxNorm)
+    ops_.scale(gradBuf_.data(), maxNorm / norm, numParams_);
   return norm;
 }
 
@@ -400,11 +403,14 @@ void Gpt2::ensureCache() {
   a.logits = ops_.alloc({1, V});
 }
 
-void Gpt2::resetCache() { cachePos_ = 0; }
+void Gpt2::resetCache() {
+  cachePos_ = 0;
+}
 
 void Gpt2::forwardCached(const int32_t* tokens, int n, float* logitsOut) {
   if (n < 1 || cachePos_ + n > cfg_.blockSize)
-    fail("cannot run {} tokens after {} cached: the context holds {}", n, cachePos_, cfg_.blockSize);
+    fail("cannot run {} tokens after {} cached: the context holds {}", n, cachePos_,
+         cfg_.blockSize);
   for (int i = 0; i < n; ++i)
     if (tokens[i] < 0 || tokens[i] >= cfg_.vocabSize)
       fail("token id {} outside the vocabulary of {}", tokens[i], cfg_.vocabSize);

@@ -38,8 +38,8 @@ class Gpt2 {
   const std::vector<ParamInfo>& paramInfos() const { return params_; }
   const ParamInfo* findParam(const std::string& name) const;
   int64_t numParams() const { return numParams_; }
-  Tensor& paramData() { return paramBuf_; }    // [numParams], backend memory
-  Tensor& gradData() { return gradBuf_; }      // [numParams]
+  Tensor& paramData() { return paramBuf_; }  // [numParams], backend memory
+  Tensor& gradData() { return gradBuf_; }    // [numParams]
   float* param(const ParamInfo& p) { return paramBuf_.data() + p.offset; }
   float* grad(const ParamInfo& p) { return gradBuf_.data() + p.offset; }
 
@@ -48,7 +48,10 @@ class Gpt2 {
   void initRandom(uint64_t seed);
 
   // Fast paths. Without a PathSet (or with an empty one) everything runs on f32.
-  void setPaths(PathSet* paths) { paths_ = paths; invalidatePackedWeights(); }
+  void setPaths(PathSet* paths) {
+    paths_ = paths;
+    invalidatePackedWeights();
+  }
   PathSet* paths() const { return paths_; }
   // Drops every packed weight copy (called at the top of every train step; re-packed lazily).
   void invalidatePackedWeights();

@@ -12,8 +12,8 @@ namespace ptllm {
 namespace {
 
 // The calibration tokens: the prompt when the tokenizer covers it, else a fixed id pattern.
-std::vector<int32_t> calibrationTokens(const Gpt2& m, const CharTokenizer* tok, const std::string& text,
-                                       int n) {
+std::vector<int32_t> calibrationTokens(const Gpt2& m, const CharTokenizer* tok,
+                                       const std::string& text, int n) {
   std::vector<int32_t> ids;
   if (tok) {
     try {
@@ -39,20 +39,27 @@ std::vector<std::string> ModelGateReport::lines() const {
     for (auto& line : consoleLines(workload)) {
       // The workload result is named after the path; say which gate it is.
       const std::string head = "[ops] " + path + " gate";
-      out.push_back(line.rfind(head, 0) == 0 ? "[ops] " + path + " workload gate" + line.substr(head.size()) : line);
+      out.push_back(line.rfind(head, 0) == 0
+                        ? "[ops] " + path + " workload gate" + line.substr(head.size())
+                        : line);
     }
   if (!error.empty()) {
-    out.push_back(fmt::format("[ops] {} model gates: could not run ({}) — f32 for this model", path, error));
+    out.push_back(
+        fmt::format("[ops] {} model gates: could not run ({}) — f32 for this model", path, error));
     return out;
   }
-  out.push_back(e2ePass ? fmt::format("[ops] {} end-to-end gate: {} greedy tokens identical to f32 — PASS", path, e2eTokens)
-                        : fmt::format("[ops] {} end-to-end gate: greedy text diverges from f32 at token {} of {} — FAIL — falling back to f32",
-                                      path, e2eFirstDiff, e2eTokens));
-  out.push_back(fmt::format("[ops] {} loss gate: loss f32={:.6f}, fast={:.6f}, rel diff={:.4f}% (limit {:.3f}%) — {}", path,
-                            lossF32, lossFast, 100 * lossRel, 0.1,
-                            !e2ePass ? "not used"
-                            : lossPass ? "PASS — used in the training forward"
-                                       : "FAIL — sampling only, the training forward stays f32"));
+  out.push_back(
+      e2ePass ? fmt::format("[ops] {} end-to-end gate: {} greedy tokens identical to f32 — PASS",
+                            path, e2eTokens)
+              : fmt::format("[ops] {} end-to-end gate: greedy text diverges from f32 at token {} "
+                            "of {} — FAIL — falling back to f32",
+                            path, e2eFirstDiff, e2eTokens));
+  out.push_back(fmt::format(
+      "[ops] {} loss gate: loss f32={:.6f}, fast={:.6f}, rel diff={:.4f}% (limit {:.3f}%) — {}",
+      path, lossF32, lossFast, 100 * lossRel, 0.1,
+      !e2ePass   ? "not used"
+      : lossPass ? "PASS — used in the training forward"
+                 : "FAIL — sampling only, the training forward stays f32"));
   return out;
 }
 
@@ -92,7 +99,8 @@ ModelGateReport runModelGates(Gpt2& m, const CharTokenizer* tok, const ModelGate
       r.workloadPass = r.workload.pass;
     }
     // End-to-end: greedy generation, f32 then the fast path.
-    const auto prompt = calibrationTokens(m, tok, opt.prompt, std::min<int>(int(opt.prompt.size()), m.config().blockSize / 2));
+    const auto prompt = calibrationTokens(
+        m, tok, opt.prompt, std::min<int>(int(opt.prompt.size()), m.config().blockSize / 2));
     SampleOptions so;
     so.tokens = opt.e2eTokens;
     so.temperature = 0;
@@ -112,7 +120,8 @@ ModelGateReport runModelGates(Gpt2& m, const CharTokenizer* tok, const ModelGate
     // Loss: one fixed batch through both forwards.
     const int T = std::min(m.config().blockSize, 64), B = 4;
     const auto toks = calibrationTokens(m, tok, opt.prompt, B * T + 1);
-    std::vector<int32_t> x(toks.begin(), toks.begin() + B * T), y(toks.begin() + 1, toks.begin() + 1 + B * T);
+    std::vector<int32_t> x(toks.begin(), toks.begin() + B * T),
+        y(toks.begin() + 1, toks.begin() + 1 + B * T);
     r.lossRel = lossGateRel(m, x.data(), y.data(), B, T, &r.lossF32, &r.lossFast);
     r.lossPass = std::isfinite(r.lossFast) && r.lossRel < opt.lossRelLimit;
   } catch (const std::exception& e) {
@@ -128,9 +137,8 @@ ModelGate::ModelGate(Gpt2& model, const CharTokenizer* tok, ModelGateOptions opt
   copy_ = std::make_unique<Gpt2>(model.ops(), model.config());
   model.ops().copy(copy_->paramData().data(), model.paramData().data(), model.numParams());
   copy_->setPaths(model.paths());
-  future_ = std::async(std::launch::async, [this] {
-    return runModelGates(*copy_, tok_ ? &*tok_ : nullptr, opt_);
-  });
+  future_ = std::async(std::launch::async,
+                       [this] { return runModelGates(*copy_, tok_ ? &*tok_ : nullptr, opt_); });
 }
 
 ModelGate::~ModelGate() {

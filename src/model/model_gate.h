@@ -30,7 +30,7 @@ struct ModelGateOptions {
 };
 
 struct ModelGateReport {
-  std::string path;  // the fast path examined; empty: none was active, nothing to gate
+  std::string path;     // the fast path examined; empty: none was active, nothing to gate
   GateResult workload;  // the workload gate (runGateOnData on real weights and activations)
   bool workloadPass = true;
   bool e2ePass = true;
@@ -46,11 +46,12 @@ struct ModelGateReport {
 
 // |loss_fast - loss_f32| / |loss_f32| of one batch through `model`'s training forward with and
 // without its fast path (0 when no path is active). Leaves the model's path use unchanged.
-double lossGateRel(Gpt2& model, const int32_t* x, const int32_t* y, int B, int T, double* lossF32 = nullptr,
-                   double* lossFast = nullptr);
+double lossGateRel(Gpt2& model, const int32_t* x, const int32_t* y, int B, int T,
+                   double* lossF32 = nullptr, double* lossFast = nullptr);
 
 // Runs the gates synchronously on `model` (which it changes: caches, path use).
-ModelGateReport runModelGates(Gpt2& model, const CharTokenizer* tok, const ModelGateOptions& opt = {});
+ModelGateReport runModelGates(Gpt2& model, const CharTokenizer* tok,
+                              const ModelGateOptions& opt = {});
 
 // Starts runModelGates on a copy of `model` (same config, weights and PathSet) on a background
 // thread. apply() waits, prints the lines once, and sets `model`'s path use accordingly.

@@ -22,7 +22,8 @@ int32_t sampleToken(const float* logits, int V, const SampleOptions& opt, Rng& r
   std::vector<double> p(keep);
   const double mx = logits[idx[0]];
   double sum = 0;
-  for (size_t i = 0; i < keep; ++i) sum += (p[i] = std::exp((logits[idx[i]] - mx) / opt.temperature));
+  for (size_t i = 0; i < keep; ++i)
+    sum += (p[i] = std::exp((logits[idx[i]] - mx) / opt.temperature));
   if (opt.topP < 1.0f) {
     double cum = 0;
     size_t n = 0;
@@ -100,7 +101,8 @@ std::vector<int32_t> Generator::generate(const std::vector<int32_t>& prompt,
   if (opt.tokens < 0) fail("generate: --tokens must be >= 0 (got {})", opt.tokens);
   if (opt.temperature < 0 || !std::isfinite(opt.temperature))
     fail("generate: --temperature must be >= 0 (got {})", opt.temperature);
-  if (!(opt.topP > 0.0f && opt.topP <= 1.0f)) fail("generate: --top-p must be in (0, 1] (got {})", opt.topP);
+  if (!(opt.topP > 0.0f && opt.topP <= 1.0f))
+    fail("generate: --top-p must be in (0, 1] (got {})", opt.topP);
   if (opt.topK < 0) fail("generate: --top-k must be >= 0 (got {})", opt.topK);
   Rng rng(opt.seed);
   context_.clear();
@@ -115,7 +117,8 @@ std::vector<int32_t> Generator::generate(const std::vector<int32_t>& prompt,
   std::vector<int32_t> out;
   const int V = model_.config().vocabSize;
   for (int i = 0; i < opt.tokens; ++i) {
-    if (opt.sentinelEvery > 0 && i > 0 && i % opt.sentinelEvery == 0 && !sentinel_.demoted) checkDrift(i);
+    if (opt.sentinelEvery > 0 && i > 0 && i % opt.sentinelEvery == 0 && !sentinel_.demoted)
+      checkDrift(i);
     const int32_t next = sampleToken(logits_.data(), V, opt, rng);
     out.push_back(next);
     if (onToken) onToken(next);

@@ -32,7 +32,7 @@ struct SentinelReport {
   bool demoted = false;
   int demotedAt = -1;  // generated-token index of the failing check
   double lastMaxAbs = 0, lastLimit = 0;
-  std::string line;    // the one console line printed on demotion
+  std::string line;  // the one console line printed on demotion
 };
 
 // Picks the next token from logits[V] (softmax with temperature, top-k, top-p).

@@ -102,7 +102,8 @@ std::string CharTokenizer::toJson() const {
 
 CharTokenizer CharTokenizer::fromJson(const std::string& text, const std::string& where) {
   nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
-  if (j.is_discarded() || !j.is_object()) fail("{}: tokenizer metadata is not a JSON object", where);
+  if (j.is_discarded() || !j.is_object())
+    fail("{}: tokenizer metadata is not a JSON object", where);
   if (j.value("type", "") != "char") fail("{}: tokenizer type is not \"char\"", where);
   if (!j.contains("vocab") || !j["vocab"].is_array() || j["vocab"].empty())
     fail("{}: tokenizer vocab is missing or empty", where);

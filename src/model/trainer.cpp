@@ -130,13 +130,15 @@ Trainer::Trainer(Ops& ops, TrainOptions opts) : ops_(ops), opts_(std::move(opts)
   if (opts_.outPath.empty()) fail("train: --out is required");
   if (opts_.batchSize < 1) fail("train: --batch-size must be >= 1 (got {})", opts_.batchSize);
   if (opts_.steps < 1) fail("train: --steps must be >= 1 (got {})", opts_.steps);
-  if (!(opts_.lr > 0) || !std::isfinite(opts_.lr)) fail("train: --lr must be > 0 (got {})", opts_.lr);
+  if (!(opts_.lr > 0) || !std::isfinite(opts_.lr))
+    fail("train: --lr must be > 0 (got {})", opts_.lr);
   if (opts_.warmup < 0) fail("train: --warmup must be >= 0 (got {})", opts_.warmup);
   const std::string text = readTextFile(opts_.dataPath);
 
   if (!opts_.initPath.empty() && !model_) {
     LoadedModel lm = loadCheckpoint(ops_, opts_.initPath);
-    if (!lm.tokenizer) fail("{}: checkpoint has no character tokenizer to fine-tune with", opts_.initPath);
+    if (!lm.tokenizer)
+      fail("{}: checkpoint has no character tokenizer to fine-tune with", opts_.initPath);
     tok_ = *lm.tokenizer;
     model_ = std::move(lm.model);
   }
@@ -157,7 +159,8 @@ Trainer::Trainer(Ops& ops, TrainOptions opts) : ops_(ops), opts_(std::move(opts)
     fail("{}: training split has {} characters; need more than block size {}", opts_.dataPath,
          data_.train.size(), T);
   if (data_.val.size() < 2)
-    fail("{}: validation split has {} characters; need at least 2", opts_.dataPath, data_.val.size());
+    fail("{}: validation split has {} characters; need at least 2", opts_.dataPath,
+         data_.val.size());
 }
 
 Trainer::~Trainer() = default;
@@ -199,15 +202,17 @@ StepReport Trainer::step() {
     const double rel = lossGateRel(m, x_.data(), y_.data(), B, T, &ref, &fast);
     if (!(rel < 0.001)) {
       m.setPathUse(false, m.pathAllowedInInference());
-      std::fprintf(stderr,
-                   "[ops] %s loss gate at step %d: loss f32=%.6f, fast=%.6f, rel diff=%.4f%% (limit "
-                   "0.100%%) — FAIL — the training forward stays f32\n",
-                   m.lastLinearPath().c_str(), step_, ref, fast, 100 * rel);
+      std::fprintf(
+          stderr,
+          "[ops] %s loss gate at step %d: loss f32=%.6f, fast=%.6f, rel diff=%.4f%% (limit "
+          "0.100%%) — FAIL — the training forward stays f32\n",
+          m.lastLinearPath().c_str(), step_, ref, fast, 100 * rel);
       m.invalidatePackedWeights();
     }
   }
   r.trainLoss = m.forward(x_.data(), y_.data(), B, T);
-  if (!std::isfinite(r.trainLoss)) fail("training diverged: loss is {} at step {}", r.trainLoss, step_ + 1);
+  if (!std::isfinite(r.trainLoss))
+    fail("training diverged: loss is {} at step {}", r.trainLoss, step_ + 1);
   m.zeroGrad();
   m.backward();
   r.gradNorm = m.clipGradNorm(opts_.gradClip);
@@ -234,7 +239,8 @@ StepReport Trainer::run(const std::atomic<bool>* stop,
   while (step_ < opts_.steps && !(stop && stop->load())) {
     last = step();
     if (onStep) onStep(last);
-    if (opts_.saveEvery > 0 && step_ % opts_.saveEvery == 0 && step_ < opts_.steps) save(opts_.outPath);
+    if (opts_.saveEvery > 0 && step_ % opts_.saveEvery == 0 && step_ < opts_.steps)
+      save(opts_.outPath);
   }
   save(opts_.outPath);
   return last;

@@ -48,8 +48,7 @@ TextSplit splitTokens(const std::vector<int32_t>& tokens);
 
 // Mean loss (nats/token) of `model` over `tokens` in consecutive windows of blockSize (at most
 // maxWindows when > 0), batched by `batch`. Each window predicts its next characters.
-double evaluateLoss(Gpt2& model, const std::vector<int32_t>& tokens, int batch,
-                    int maxWindows = 0);
+double evaluateLoss(Gpt2& model, const std::vector<int32_t>& tokens, int batch, int maxWindows = 0);
 
 struct StepReport {
   int step = 0;  // 1-based, steps done
@@ -75,7 +74,8 @@ class Trainer {
   StepReport step();
   // Runs until opts.steps or until `stop` becomes true; saves at saveEvery and at the end.
   // Returns the last report. `onStep` sees every report.
-  StepReport run(const std::atomic<bool>* stop, const std::function<void(const StepReport&)>& onStep);
+  StepReport run(const std::atomic<bool>* stop,
+                 const std::function<void(const StepReport&)>& onStep);
   // Writes checkpoint + optimizer state (+ appends nothing to the log).
   void save(const std::string& path);
   double validationLoss(int maxWindows = 0);

@@ -33,7 +33,8 @@ void AdamwT(float* p, const float* g, float* m, float* v, int64_t n, float lr, f
       hn::StoreU(mi, d, m + i);
       hn::StoreU(vi, d, v + i);
       const auto pi = hn::LoadU(d, p + i);
-      const auto step = hn::MulAdd(vwd, pi, hn::Div(hn::Mul(mi, vic1), hn::Add(hn::Sqrt(hn::Mul(vi, vic2)), veps)));
+      const auto step = hn::MulAdd(
+          vwd, pi, hn::Div(hn::Mul(mi, vic1), hn::Add(hn::Sqrt(hn::Mul(vi, vic2)), veps)));
       hn::StoreU(hn::NegMulAdd(vlr, step, pi), d, p + i);
     }
     for (; i < e; ++i) {

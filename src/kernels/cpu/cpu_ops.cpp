@@ -1,7 +1,7 @@
 // CpuOps: the CPU backend. Matmuls and attention are the Highway kernels of this folder; the
 // light row-wise ops are threaded loops over rows written for the compiler to vectorise.
-#include <cmath>
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -125,8 +125,8 @@ class CpuOps final : public Ops {
                         int NH) override {
     cpu::attentionForward(out, att, qkv, B, Tq, Tk, C, NH);
   }
-  void attentionBackward(float* dqkv, const float* dout, const float* qkv, const float* att,
-                         int B, int T, int C, int NH) override {
+  void attentionBackward(float* dqkv, const float* dout, const float* qkv, const float* att, int B,
+                         int T, int C, int NH) override {
     cpu::attentionBackward(dqkv, dout, qkv, att, B, T, C, NH);
   }
 
@@ -206,6 +206,8 @@ class CpuOps final : public Ops {
 
 }  // namespace
 
-std::unique_ptr<Ops> makeCpuOps() { return std::make_unique<CpuOps>(); }
+std::unique_ptr<Ops> makeCpuOps() {
+  return std::make_unique<CpuOps>();
+}
 
 }  // namespace ptllm

@@ -9,9 +9,9 @@
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/cpu/gelu.cpp"
+#include <hwy/contrib/math/math-inl.h>
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
-#include <hwy/contrib/math/math-inl.h>
 
 HWY_BEFORE_NAMESPACE();
 namespace ptllm::cpu::HWY_NAMESPACE {
@@ -23,8 +23,8 @@ template <bool kBackward>
 void GeluRange(float* out, const float* in, const float* dout, int64_t b, int64_t e) {
   const hn::ScalableTag<float> d;
   const int64_t L = int64_t(hn::Lanes(d));
-  const auto k0 = hn::Set(d, 0.7978845608f), k1 = hn::Set(d, 0.044715f),
-             k3 = hn::Set(d, 0.134145f), half = hn::Set(d, 0.5f), one = hn::Set(d, 1.0f);
+  const auto k0 = hn::Set(d, 0.7978845608f), k1 = hn::Set(d, 0.044715f), k3 = hn::Set(d, 0.134145f),
+             half = hn::Set(d, 0.5f), one = hn::Set(d, 1.0f);
   auto body = [&](auto x, auto dy) {
     const auto x2 = hn::Mul(x, x);
     const auto u = hn::Mul(k0, hn::MulAdd(hn::Mul(k1, x2), x, x));
@@ -55,10 +55,12 @@ void GeluRange(float* out, const float* in, const float* dout, int64_t b, int64_
 }
 
 void GeluForwardT(float* out, const float* in, int64_t n) {
-  pool().parallelFor(n, 1 << 13, [&](int64_t b, int64_t e) { GeluRange<false>(out, in, nullptr, b, e); });
+  pool().parallelFor(n, 1 << 13,
+                     [&](int64_t b, int64_t e) { GeluRange<false>(out, in, nullptr, b, e); });
 }
 void GeluBackwardT(float* din, const float* in, const float* dout, int64_t n) {
-  pool().parallelFor(n, 1 << 13, [&](int64_t b, int64_t e) { GeluRange<true>(din, in, dout, b, e); });
+  pool().parallelFor(n, 1 << 13,
+                     [&](int64_t b, int64_t e) { GeluRange<true>(din, in, dout, b, e); });
 }
 
 }  // namespace ptllm::cpu::HWY_NAMESPACE

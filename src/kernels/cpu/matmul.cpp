@@ -47,7 +47,6 @@ struct Scratch {
 };
 inline thread_local Scratch tlsA, tlsB;
 
-
 }  // namespace ptllm::cpu::detail
 #endif
 

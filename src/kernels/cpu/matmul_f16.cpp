@@ -25,7 +25,6 @@
 #include <hwy/highway.h>
 #include <hwy/targets.h>
 
-
 HWY_BEFORE_NAMESPACE();
 namespace ptllm::cpu::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
@@ -91,7 +90,9 @@ HWY_INLINE void ChunkStore(const VF (&acc)[R][CV], float* out, const float* bias
     for (int v = 0; v < CV; ++v) {
       const int c = v * kL;
       if (c + kL <= cols) {
-        const VF base = add ? hn::LoadU(d, o + c) : bias ? hn::LoadU(d, bias + n0 + c) : hn::Zero(d);
+        const VF base = add    ? hn::LoadU(d, o + c)
+                        : bias ? hn::LoadU(d, bias + n0 + c)
+                               : hn::Zero(d);
         hn::StoreU(hn::Add(base, acc[r][v]), d, o + c);
       } else if (c < cols) {
         HWY_ALIGN float tmp[kL];

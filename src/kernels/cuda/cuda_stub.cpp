@@ -2,5 +2,7 @@
 #include "kernels/registry.h"
 
 namespace ptllm {
-std::vector<PathEntry> cudaPaths() { return {}; }
+std::vector<PathEntry> cudaPaths() {
+  return {};
+}
 }  // namespace ptllm

@@ -33,7 +33,8 @@ void attentionForward(float* out, float* att, const float* qkv, int B, int Tq, i
         float* o = out + ((int64_t)b * Tq + i) * C + h * hs;
         for (int d = 0; d < hs; ++d) {
           double s = 0;
-          for (int j = 0; j <= pos; ++j) s += (p[j] / sum) * qkv[((int64_t)b * Tk + j) * 3 * C + 2 * C + h * hs + d];
+          for (int j = 0; j <= pos; ++j)
+            s += (p[j] / sum) * qkv[((int64_t)b * Tk + j) * 3 * C + 2 * C + h * hs + d];
           o[d] = float(s);
         }
       }

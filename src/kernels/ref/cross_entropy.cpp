@@ -5,8 +5,8 @@
 
 namespace ptllm::ref {
 
-void crossEntropy(float* losses, float* dlogits, const float* logits, const int32_t* targets,
-                  int M, int V, float dscale) {
+void crossEntropy(float* losses, float* dlogits, const float* logits, const int32_t* targets, int M,
+                  int V, float dscale) {
   for (int m = 0; m < M; ++m) {
     const float* x = logits + (int64_t)m * V;
     const int tgt = targets[m];

@@ -3,8 +3,8 @@
 
 namespace ptllm::ref {
 
-void embeddingForward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
-                      int B, int T, int C, int pos0) {
+void embeddingForward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B,
+                      int T, int C, int pos0) {
   for (int b = 0; b < B; ++b)
     for (int t = 0; t < T; ++t) {
       const float* te = wte + (int64_t)tokens[b * T + t] * C;

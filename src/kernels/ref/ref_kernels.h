@@ -33,14 +33,14 @@ void attentionBackward(float* dqkv, const float* dout, const float* qkv, const f
                        int T, int C, int NH);
 
 // embedding.cpp
-void embeddingForward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
-                      int B, int T, int C, int pos0);
+void embeddingForward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B,
+                      int T, int C, int pos0);
 void embeddingBackward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B,
                        int T, int C);
 
 // cross_entropy.cpp
-void crossEntropy(float* losses, float* dlogits, const float* logits, const int32_t* targets,
-                  int M, int V, float dscale);
+void crossEntropy(float* losses, float* dlogits, const float* logits, const int32_t* targets, int M,
+                  int V, float dscale);
 
 // adamw.cpp
 void adamw(float* p, const float* g, float* m, float* v, int64_t n, float lr, float beta1,

@@ -61,16 +61,16 @@ class RefOps final : public Ops {
                         int NH) override {
     ref::attentionForward(out, att, qkv, B, Tq, Tk, C, NH);
   }
-  void attentionBackward(float* dqkv, const float* dout, const float* qkv, const float* att,
-                         int B, int T, int C, int NH) override {
+  void attentionBackward(float* dqkv, const float* dout, const float* qkv, const float* att, int B,
+                         int T, int C, int NH) override {
     ref::attentionBackward(dqkv, dout, qkv, att, B, T, C, NH);
   }
   void embeddingForward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
                         int B, int T, int C, int pos0) override {
     ref::embeddingForward(out, tokens, wte, wpe, B, T, C, pos0);
   }
-  void embeddingBackward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
-                         int B, int T, int C) override {
+  void embeddingBackward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B,
+                         int T, int C) override {
     ref::embeddingBackward(dwte, dwpe, dout, tokens, B, T, C);
   }
   void crossEntropy(float* losses, float* dlogits, const float* logits, const int32_t* targets,
@@ -93,6 +93,8 @@ class RefOps final : public Ops {
 
 }  // namespace
 
-std::unique_ptr<Ops> makeRefOps() { return std::make_unique<RefOps>(); }
+std::unique_ptr<Ops> makeRefOps() {
+  return std::make_unique<RefOps>();
+}
 
 }  // namespace ptllm
