@@ -9,9 +9,11 @@
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/cpu/gelu.cpp"
-#include <hwy/contrib/math/math-inl.h>
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
+// (separate blocks: the order matters to Highway's per-target re-inclusion)
 #include <hwy/highway.h>
+// after highway.h
+#include <hwy/contrib/math/math-inl.h>
 
 HWY_BEFORE_NAMESPACE();
 namespace ptllm::cpu::HWY_NAMESPACE {
