@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstring>
 #include <map>
 
@@ -205,6 +206,85 @@ TEST(ModelGatesTraining, RealPathKeepsServingTheTrainingForward) {
   for (int i = 0; i < 3; ++i) t.step();
   EXPECT_TRUE(t.model().pathAllowedInTraining());
   EXPECT_EQ(t.model().lastLinearPath(), "f16-storage");
+}
+
+}  // namespace
+}  // namespace ptllm
+
+namespace ptllm {
+namespace {
+
+// The spec's activation scope, proved: backward, AdamW and the tied head never read the packed
+// copies, and after an update the forward runs on freshly packed weights.
+TEST(ActivationScope, BackwardAndHeadNeverReadThePackedWeights) {
+  auto ops = makeCpuOps();
+  PathSet paths(*ops, PathSelection{}, detectCapabilities(), {*findPath("f16-storage")});
+  ModelConfig c;
+  c.nLayer = 2;
+  c.nHead = 2;
+  c.nEmbd = 32;
+  c.blockSize = 16;
+  c.vocabSize = 11;
+  Gpt2 fast(*ops, c), ref(*ops, c);
+  fast.initRandom(3);
+  ref.initRandom(3);
+  fast.setPaths(&paths);
+  std::vector<int32_t> x(2 * 16), y(2 * 16);
+  for (size_t i = 0; i < x.size(); ++i) {
+    x[i] = int32_t((i * 7 + 1) % 11);
+    y[i] = int32_t((i * 5 + 2) % 11);
+  }
+  fast.forward(x.data(), y.data(), 2, 16);
+  ASSERT_EQ(fast.lastLinearPath(), "f16-storage");
+  const auto packed = fast.packedBuffers();
+  ASSERT_EQ(packed.size(), 8u);                                  // 4 linears x 2 layers
+  for (Buffer* b : packed) std::memset(b->ptr, 0xFF, b->bytes);  // every f16 becomes NaN
+  fast.zeroGrad();
+  fast.backward();  // must read only f32 weights and saved activations
+  std::vector<float> g(size_t(fast.numParams()));
+  ops->download(g.data(), fast.gradData());
+  EXPECT_TRUE(test::allFinite(g.data(), g.size()));
+  // Same gradients as a model that never had a fast path, within the forward's f16 error.
+  ref.forward(x.data(), y.data(), 2, 16);
+  ref.zeroGrad();
+  ref.backward();
+  std::vector<float> gr(g.size());
+  ops->download(gr.data(), ref.gradData());
+  EXPECT_LE(test::worstRatio(g.data(), gr.data(), g.size(), 1e-4, 2e-2), 1.0);
+  fast.adamwStep(1e-2f, 0.9f, 0.99f, 1e-8f, 0.1f);  // AdamW updates f32 and drops the copies
+  EXPECT_TRUE(fast.packedBuffers().empty());
+}
+
+TEST(ActivationScope, ForwardAfterAnUpdateUsesFreshlyPackedWeights) {
+  auto ops = makeCpuOps();
+  PathSet paths(*ops, PathSelection{}, detectCapabilities(), {*findPath("f16-storage")});
+  ModelConfig c;
+  c.nLayer = 2;
+  c.nHead = 2;
+  c.nEmbd = 32;
+  c.blockSize = 16;
+  c.vocabSize = 11;
+  Gpt2 m(*ops, c);
+  m.initRandom(5);
+  m.setPaths(&paths);
+  std::vector<int32_t> x(16), y(16);
+  for (int i = 0; i < 16; ++i) {
+    x[i] = (i * 3 + 1) % 11;
+    y[i] = (i * 7 + 2) % 11;
+  }
+  const float before = m.forward(x.data(), y.data(), 1, 16);
+  m.zeroGrad();
+  m.backward();
+  m.adamwStep(5e-2f, 0.9f, 0.99f, 1e-8f, 0.0f);
+  const float fastAfter = m.forward(x.data(), y.data(), 1, 16);
+  EXPECT_EQ(m.lastLinearPath(), "f16-storage");
+  m.setForceF32(true);
+  const float f32After = m.forward(x.data(), y.data(), 1, 16);
+  m.setForceF32(false);
+  // The update moved the loss far more than f16 storage can explain; the fast forward follows
+  // the updated weights to within the loss gate's 0.1%.
+  EXPECT_GT(std::fabs(before - f32After), 100 * std::fabs(fastAfter - f32After));
+  EXPECT_LT(std::fabs(fastAfter - f32After), 1e-3 * std::fabs(f32After));
 }
 
 }  // namespace

@@ -132,6 +132,14 @@ void Gpt2::invalidatePackedWeights() {
     }
 }
 
+std::vector<Buffer*> Gpt2::packedBuffers() {
+  std::vector<Buffer*> out;
+  for (auto& L : layers_)
+    for (Linear* l : {&L.attn, &L.proj, &L.fc, &L.fcProj})
+      if (l->packedFor && l->packed) out.push_back(l->packed.get());
+  return out;
+}
+
 const PathEntry* Gpt2::fastPath(bool training) {
   if (!paths_ || forceF32_ || !(training ? pathInTraining_ : pathInInference_)) return nullptr;
   return paths_->forwardPath();

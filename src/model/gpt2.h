@@ -57,6 +57,8 @@ class Gpt2 {
   void invalidatePackedWeights();
   // Packs every forward linear weight for the active path now (before sampling).
   void prepareForInference();
+  // The current packed weight copies (for tests that poison them to prove who reads them).
+  std::vector<Buffer*> packedBuffers();
   // Name of the path the last forward linear ran on ("f32" or a registry name).
   const std::string& lastLinearPath() const { return lastLinearPath_; }
   // Where the active fast path may run, as the model-level gates decided (model/model_gate.h):
