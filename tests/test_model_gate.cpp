@@ -214,17 +214,22 @@ TEST(ModelGatesTraining, RealPathKeepsServingTheTrainingForward) {
 namespace ptllm {
 namespace {
 
-// The spec's activation scope, proved: backward, AdamW and the tied head never read the packed
-// copies, and after an update the forward runs on freshly packed weights.
-TEST(ActivationScope, BackwardAndHeadNeverReadThePackedWeights) {
-  auto ops = makeCpuOps();
-  PathSet paths(*ops, PathSelection{}, detectCapabilities(), {*findPath("f16-storage")});
+ModelConfig scopeConfig() {
   ModelConfig c;
   c.nLayer = 2;
   c.nHead = 2;
   c.nEmbd = 32;
   c.blockSize = 16;
   c.vocabSize = 11;
+  return c;
+}
+
+// The spec's activation scope, proved: backward, AdamW and the tied head never read the packed
+// copies, and after an update the forward runs on freshly packed weights.
+TEST(ActivationScope, BackwardAndHeadNeverReadThePackedWeights) {
+  auto ops = makeCpuOps();
+  PathSet paths(*ops, PathSelection{}, detectCapabilities(), {*findPath("f16-storage")});
+  const ModelConfig c = scopeConfig();
   Gpt2 fast(*ops, c), ref(*ops, c);
   fast.initRandom(3);
   ref.initRandom(3);
@@ -258,12 +263,7 @@ TEST(ActivationScope, BackwardAndHeadNeverReadThePackedWeights) {
 TEST(ActivationScope, ForwardAfterAnUpdateUsesFreshlyPackedWeights) {
   auto ops = makeCpuOps();
   PathSet paths(*ops, PathSelection{}, detectCapabilities(), {*findPath("f16-storage")});
-  ModelConfig c;
-  c.nLayer = 2;
-  c.nHead = 2;
-  c.nEmbd = 32;
-  c.blockSize = 16;
-  c.vocabSize = 11;
+  const ModelConfig c = scopeConfig();
   Gpt2 m(*ops, c);
   m.initRandom(5);
   m.setPaths(&paths);

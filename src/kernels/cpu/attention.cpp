@@ -25,21 +25,9 @@
 
 #ifndef PTLLM_KERNELS_CPU_ATTENTION_ONCE
 #define PTLLM_KERNELS_CPU_ATTENTION_ONCE
-#include <hwy/aligned_allocator.h>
+#include "kernels/cpu/scratch.h"
 namespace ptllm::cpu::detail {
-// Growable 64-byte aligned per-thread scratch (pool workers are long-lived).
-struct AttScratch {
-  float* get(size_t n) {
-    if (n > cap) {
-      buf = hwy::AllocateAligned<float>(n);
-      cap = n;
-    }
-    return buf.get();
-  }
-  hwy::AlignedFreeUniquePtr<float[]> buf;
-  size_t cap = 0;
-};
-inline thread_local AttScratch tlsAtt;
+inline thread_local Scratch tlsAtt;
 }  // namespace ptllm::cpu::detail
 #endif
 

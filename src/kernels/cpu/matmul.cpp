@@ -25,7 +25,7 @@
 
 #ifndef PTLLM_KERNELS_CPU_MATMUL_ONCE
 #define PTLLM_KERNELS_CPU_MATMUL_ONCE
-#include <hwy/aligned_allocator.h>
+#include "kernels/cpu/scratch.h"
 
 namespace ptllm::cpu::detail {
 
@@ -33,19 +33,7 @@ namespace ptllm::cpu::detail {
 // matmul_f16.cpp's panel-major layout ([ceil(N/NB)][K][NB], NB = kF16PanelCols).
 enum class BSrc { kRowMajor, kTransposed, kF16 };
 
-// Growable 64-byte aligned per-thread scratch (pool workers are long-lived).
-struct Scratch {
-  float* get(size_t n) {
-    if (n > cap) {
-      buf = hwy::AllocateAligned<float>(n);
-      cap = n;
-    }
-    return buf.get();
-  }
-  hwy::AlignedFreeUniquePtr<float[]> buf;
-  size_t cap = 0;
-};
-inline thread_local Scratch tlsA, tlsB;
+inline thread_local Scratch tlsA, tlsB;  // per-thread packed panels of A and B
 
 }  // namespace ptllm::cpu::detail
 #endif
