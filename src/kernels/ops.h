@@ -98,5 +98,9 @@ class Ops {
 std::unique_ptr<Ops> makeRefOps();
 // The CPU backend (kernels/cpu): Highway SIMD with runtime dispatch, multithreaded.
 std::unique_ptr<Ops> makeCpuOps();
+// The CUDA backend (kernels/cuda): own f32 kernels on device 0, TF32 off, all work on one
+// stream. Throws ptllm::Error naming the reason when the binary has no CUDA backend or the
+// machine no usable GPU (kernels/cuda/cuda_device.h says which).
+std::unique_ptr<Ops> makeCudaOps();
 
 }  // namespace ptllm

@@ -1,0 +1,73 @@
+// GPU detection and the backend's stream.
+#include <fmt/format.h>
+
+#include <mutex>
+
+#include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/cuda_device.h"
+
+namespace ptllm {
+
+namespace {
+CudaDeviceInfo detect() {
+  CudaDeviceInfo d;
+  d.built = true;
+  cudaRuntimeGetVersion(&d.runtimeVersion);
+  cudaDriverGetVersion(&d.driverVersion);
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess) {
+    d.reason = fmt::format("no usable CUDA device ({})", cudaGetErrorString(err));
+    cudaGetLastError();  // clear the sticky-free error so later calls start clean
+    return d;
+  }
+  if (count == 0) {
+    d.reason = "no CUDA device";
+    return d;
+  }
+  cudaDeviceProp p{};
+  if (cudaGetDeviceProperties(&p, 0) != cudaSuccess) {
+    d.reason = "cudaGetDeviceProperties failed";
+    cudaGetLastError();
+    return d;
+  }
+  d.name = p.name;
+  d.ccMajor = p.major;
+  d.ccMinor = p.minor;
+  d.multiprocessors = p.multiProcessorCount;
+  d.totalMemBytes = p.totalGlobalMem;
+  d.l2Bytes = static_cast<size_t>(p.l2CacheSize);
+  const int cc = p.major * 10 + p.minor;
+  d.tensorCoresF16 = cc >= 80;  // the kernels use mma.sync m16n8k16 (sm_80+)
+  d.fp8 = cc >= 89;             // e4m3 conversions and tensor cores (Ada, Hopper)
+  if (cc < 70) {
+    d.reason = fmt::format("compute capability {}.{} is below the backend's 7.0", p.major,
+                           p.minor);
+    return d;
+  }
+  d.available = true;
+  return d;
+}
+}  // namespace
+
+const CudaDeviceInfo& cudaDeviceInfo() {
+  static const CudaDeviceInfo info = detect();
+  return info;
+}
+
+void cudaSynchronize() {
+  if (cudaDeviceInfo().available) PTLLM_CUDA_CHECK(cudaStreamSynchronize(cuda::stream()));
+}
+
+namespace cuda {
+cudaStream_t stream() {
+  static cudaStream_t s = [] {
+    cudaStream_t st = nullptr;
+    PTLLM_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    return st;
+  }();
+  return s;
+}
+}  // namespace cuda
+
+}  // namespace ptllm
