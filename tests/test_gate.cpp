@@ -381,16 +381,16 @@ TEST_F(Gate, PillOnlyWhenActive) {
   if (!caps.has("f16c")) GTEST_SKIP() << "no F16C here";
   LogCapture log;
   {
-    PathSet set(*ops, PathSelection{}, caps, registeredPaths());
+    PathSet set(*ops, PathSelection{}, caps, pathsFor(Device::CPU));
     const auto pills = set.activePills();
     EXPECT_NE(std::find(pills.begin(), pills.end(), "+f16 storage"), pills.end());
   }
   {
-    PathSet set(*ops, PathSelection::parse("f32"), caps, registeredPaths());
+    PathSet set(*ops, PathSelection::parse("f32"), caps, pathsFor(Device::CPU));
     EXPECT_TRUE(set.activePills().empty());
   }
   {
-    PathSet set(*ops, PathSelection{}, caps.withOut("f16c"), registeredPaths());
+    PathSet set(*ops, PathSelection{}, caps.withOut("f16c"), pathsFor(Device::CPU));
     EXPECT_TRUE(set.activePills().empty());
   }
   {
@@ -551,7 +551,7 @@ TEST_F(Gate, JsonRoundTrip) {
 
 TEST_F(Gate, DestroyedWhileGatesRun) {
   LogCapture log;
-  for (int i = 0; i < 5; ++i) PathSet set(*ops, PathSelection{}, caps, registeredPaths());
+  for (int i = 0; i < 5; ++i) PathSet set(*ops, PathSelection{}, caps, pathsFor(Device::CPU));
 }
 
 }  // namespace

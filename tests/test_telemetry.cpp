@@ -50,7 +50,7 @@ class Telemetry : public ::testing::Test {
   std::vector<GateResult> gate() {
     PathSetOptions o;
     o.telemetry = true;
-    PathSet set(*ops, PathSelection{}, detectCapabilities(), registeredPaths(), o);
+    PathSet set(*ops, PathSelection{}, detectCapabilities(), pathsFor(Device::CPU), o);
     return set.results();
   }
   size_t ran(const std::vector<GateResult>& rs) {

@@ -99,9 +99,10 @@ void benchSample(const ModelArgs& a, const GlobalOptions& g) {
   gen.generate(prompt, o);
   const double secs = since(t0);
   std::printf(
-      "peer=ptllm mode=sample n_layer=%d n_head=%d n_embd=%d block=%d threads=%d path=%s "
-      "params=%lld tokens=%d secs=%.4f tok_s=%.2f\n",
-      a.cfg.nLayer, a.cfg.nHead, a.cfg.nEmbd, a.cfg.blockSize, threadCount(), pathName(m).c_str(),
+      "peer=ptllm mode=sample device=%s n_layer=%d n_head=%d n_embd=%d block=%d threads=%d "
+      "path=%s params=%lld tokens=%d secs=%.4f tok_s=%.2f\n",
+      e.ops->name(), a.cfg.nLayer, a.cfg.nHead, a.cfg.nEmbd, a.cfg.blockSize, threadCount(),
+      pathName(m).c_str(),
       (long long)m.numParams(), a.tokens, secs, a.tokens / secs);
 }
 
@@ -206,6 +207,7 @@ void addBenchCommand(CLI::App& app, GlobalOptions& g) {
     g.apply();
     benchMatmul(g, *iters);
   });
+  addCudaBenchSubcommand(cmd, g);
 }
 
 }  // namespace ptllm::app

@@ -64,6 +64,7 @@ void runCaps(const GlobalOptions& g, bool json) {
   std::string targets;
   for (const auto& t : caps.hwyTargets) targets += (targets.empty() ? "" : " ") + t;
   std::printf("cpu:      %s\n", caps.cpuModel.c_str());
+  std::printf("gpu:      %s\n", caps.gpu.c_str());
   std::printf("highway:  dispatched %s; supported %s\n", caps.dispatchedTarget.c_str(),
               targets.c_str());
   std::printf("flags:\n");

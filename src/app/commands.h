@@ -27,5 +27,6 @@ void addInfoCommand(CLI::App& app, GlobalOptions& g);
 void addCapsCommand(CLI::App& app, GlobalOptions& g);
 void addGateCommand(CLI::App& app, GlobalOptions& g);
 void addBenchCommand(CLI::App& app, GlobalOptions& g);
+void addCudaBenchSubcommand(CLI::App* bench, GlobalOptions& g);  // `bench cuda`
 
 }  // namespace ptllm::app

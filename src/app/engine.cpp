@@ -9,6 +9,7 @@
 #include "core/file_io.h"
 #include "core/thread_pool.h"
 #include "gate/telemetry.h"
+#include "kernels/cuda/cuda_device.h"
 
 namespace ptllm::app {
 
@@ -18,10 +19,11 @@ void GlobalOptions::apply() const {
 
 Engine makeEngine(const GlobalOptions& g) {
   Engine e;
-  if (g.device == "cuda") fail("--device cuda: this build has no CUDA backend");
-  if (g.device != "cpu" && g.device != "auto")
+  if (g.device != "cpu" && g.device != "cuda" && g.device != "auto")
     fail("--device {}: expected cpu, cuda or auto", g.device);
-  e.ops = makeCpuOps();
+  // auto: the GPU when this binary has the CUDA backend and the machine a usable GPU.
+  const bool cuda = g.device == "cuda" || (g.device == "auto" && cudaDeviceInfo().available);
+  e.ops = cuda ? makeCudaOps() : makeCpuOps();  // makeCudaOps throws naming why it cannot
   std::string url = g.telemetryUrl;
   if (const char* env = std::getenv("PTLLM_TELEMETRY_URL"); url.empty() && env) url = env;
   if (!url.empty()) setTelemetryUrl(url);

@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cuda/cuda_device.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
@@ -118,6 +119,13 @@ Capabilities detect() {
     if (targets & t) c.hwyTargets.emplace_back(hwy::TargetName(t));
   }
   c.dispatchedTarget = cpu::simdTargetName();
+  // The GPU (device 0), when this binary has the CUDA backend and the machine a usable GPU.
+  const CudaDeviceInfo& gpu = cudaDeviceInfo();
+  c.gpu = gpu.summary();
+  c.gpuJson = gpu.toJson();
+  c.flags["cuda"] = gpu.available;
+  c.flags["cuda_tensor_cores"] = gpu.available && gpu.tensorCoresF16;
+  c.flags["cuda_fp8"] = gpu.available && gpu.fp8;
   return c;
 }
 
@@ -147,6 +155,7 @@ nlohmann::json Capabilities::toJson() const {
   j["hwy_targets"] = hwyTargets;
   j["hwy_dispatched"] = dispatchedTarget;
   j["flags"] = flags;
+  j["gpu"] = gpuJson;
   return j;
 }
 

@@ -131,7 +131,7 @@ struct PathSet::Slot {
 };
 
 PathSet::PathSet(Ops& ops, PathSelection sel, PathSetOptions options)
-    : PathSet(ops, std::move(sel), detectCapabilities(), registeredPaths(), options) {}
+    : PathSet(ops, std::move(sel), detectCapabilities(), pathsFor(ops.device()), options) {}
 
 PathSet::PathSet(Ops& ops, PathSelection sel, Capabilities caps, std::vector<PathEntry> entries,
                  PathSetOptions options)

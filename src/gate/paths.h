@@ -52,7 +52,7 @@ class PathSet {
   // `ops` must outlive the set and accept calls from the gate thread.
   PathSet(Ops& ops, PathSelection sel, Capabilities caps, std::vector<PathEntry> entries,
           PathSetOptions options = {});
-  PathSet(Ops& ops, PathSelection sel,  // detected capabilities, registeredPaths()
+  PathSet(Ops& ops, PathSelection sel,  // detected capabilities, pathsFor(ops.device())
           PathSetOptions options = {});
   ~PathSet();  // waits for the gate thread
   PathSet(const PathSet&) = delete;

@@ -54,6 +54,13 @@ const std::vector<PathEntry>& registeredPaths() {
   return all;
 }
 
+std::vector<PathEntry> pathsFor(Device device) {
+  std::vector<PathEntry> out;
+  for (const auto& e : registeredPaths())
+    if (e.device == device) out.push_back(e);
+  return out;
+}
+
 const PathEntry* findPath(const std::string& name) {
   for (const auto& e : registeredPaths())
     if (e.name == name) return &e;

@@ -68,7 +68,10 @@ std::vector<GateProbe> standardGateProbes();
 
 // Every path built into this binary, in order of preference (first active one wins).
 const std::vector<PathEntry>& registeredPaths();
-const PathEntry* findPath(const std::string& name);
+// The entries of one backend, in registry order (names are unique within a backend; the CPU
+// and CUDA backends each have an "f16-storage").
+std::vector<PathEntry> pathsFor(Device device);
+const PathEntry* findPath(const std::string& name);  // the first entry of that name
 
 // Per-backend tables, concatenated by registeredPaths().
 std::vector<PathEntry> cpuPaths();

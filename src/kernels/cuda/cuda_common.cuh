@@ -8,12 +8,12 @@
 namespace ptllm::cuda {
 
 // Every CUDA call is checked; a failure throws ptllm::Error naming the call and the error.
-#define PTLLM_CUDA_CHECK(call)                                                              \
-  do {                                                                                      \
-    cudaError_t err_ = (call);                                                              \
-    if (err_ != cudaSuccess)                                                                \
-      ::ptllm::fail("CUDA error in {} ({}:{}): {}", #call, __FILE__, __LINE__,              \
-                    cudaGetErrorString(err_));                                              \
+#define PTLLM_CUDA_CHECK(call)                                                 \
+  do {                                                                         \
+    cudaError_t err_ = (call);                                                 \
+    if (err_ != cudaSuccess)                                                   \
+      ::ptllm::fail("CUDA error in {} ({}:{}): {}", #call, __FILE__, __LINE__, \
+                    cudaGetErrorString(err_));                                 \
   } while (0)
 
 // After a launch: configuration errors surface here, not at the next sync.

@@ -1,7 +1,9 @@
 // GPU detection and the backend's stream.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <mutex>
+#include <vector>
 
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_device.h"
@@ -41,8 +43,7 @@ CudaDeviceInfo detect() {
   d.tensorCoresF16 = cc >= 80;  // the kernels use mma.sync m16n8k16 (sm_80+)
   d.fp8 = cc >= 89;             // e4m3 conversions and tensor cores (Ada, Hopper)
   if (cc < 70) {
-    d.reason = fmt::format("compute capability {}.{} is below the backend's 7.0", p.major,
-                           p.minor);
+    d.reason = fmt::format("compute capability {}.{} is below the backend's 7.0", p.major, p.minor);
     return d;
   }
   d.available = true;
@@ -57,6 +58,29 @@ const CudaDeviceInfo& cudaDeviceInfo() {
 
 void cudaSynchronize() {
   if (cudaDeviceInfo().available) PTLLM_CUDA_CHECK(cudaStreamSynchronize(cuda::stream()));
+}
+
+double cudaMedianMs(const std::function<void()>& fn, int iters, int warmup) {
+  if (!cudaDeviceInfo().available) fail("cudaMedianMs: {}", cudaDeviceInfo().reason);
+  cudaStream_t s = cuda::stream();
+  for (int i = 0; i < warmup; ++i) fn();
+  cudaEvent_t a, b;
+  PTLLM_CUDA_CHECK(cudaEventCreate(&a));
+  PTLLM_CUDA_CHECK(cudaEventCreate(&b));
+  std::vector<float> ms;
+  for (int i = 0; i < std::max(1, iters); ++i) {
+    PTLLM_CUDA_CHECK(cudaEventRecord(a, s));
+    fn();
+    PTLLM_CUDA_CHECK(cudaEventRecord(b, s));
+    PTLLM_CUDA_CHECK(cudaEventSynchronize(b));
+    float t = 0;
+    PTLLM_CUDA_CHECK(cudaEventElapsedTime(&t, a, b));
+    ms.push_back(t);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
 }
 
 namespace cuda {

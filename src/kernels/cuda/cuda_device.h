@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -18,8 +19,8 @@ struct CudaDeviceInfo {
   int multiprocessors = 0;
   size_t totalMemBytes = 0;
   size_t l2Bytes = 0;
-  int driverVersion = 0;   // e.g. 13000
-  int runtimeVersion = 0;  // e.g. 13000
+  int driverVersion = 0;        // e.g. 13000
+  int runtimeVersion = 0;       // e.g. 13000
   bool tensorCoresF16 = false;  // mma.sync f16 -> f32 (sm_70+; we use the sm_80 shapes)
   bool fp8 = false;             // e4m3 tensor cores (sm_89+)
   nlohmann::json toJson() const;
@@ -31,5 +32,9 @@ const CudaDeviceInfo& cudaDeviceInfo();
 
 // Waits for every queued GPU operation (no-op without CUDA).
 void cudaSynchronize();
+
+// Median milliseconds of `fn` (which enqueues GPU work on the backend's stream), timed with
+// CUDA events around each call after `warmup` untimed calls. Throws without a GPU.
+double cudaMedianMs(const std::function<void()>& fn, int iters, int warmup = 3);
 
 }  // namespace ptllm

@@ -22,6 +22,10 @@ const CudaDeviceInfo& cudaDeviceInfo() {
 
 void cudaSynchronize() {}
 
+double cudaMedianMs(const std::function<void()>&, int, int) {
+  fail("cudaMedianMs: {}", cudaDeviceInfo().reason);
+}
+
 std::unique_ptr<Ops> makeCudaOps() {
   fail("--device cuda: {}", cudaDeviceInfo().reason);
 }

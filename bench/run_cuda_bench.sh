@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Side-by-side GPU benchmark: ptllm against PyTorch (bench/torch_cuda_peer.py) on the same GPU in
+# one run. Prints the raw peer= lines, then the ratios (bench/compare_cuda.py).
+#   bench/run_cuda_bench.sh [OUTFILE]      env: BIN (default build/ptllm), PY (default python3)
+set -euo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
+ROOT=$(cd "$HERE/.." && pwd)
+BIN=${BIN:-$ROOT/build/ptllm}
+PY=${PY:-python3}
+OUT=${1:-$ROOT/bench/results/cuda-$(date -u +%Y%m%d-%H%M).txt}
+mkdir -p "$(dirname "$OUT")"
+LOG=$(mktemp /tmp/ptllm-cuda-bench.XXXXXX)
+BUNDLED="--n-layer 4 --n-head 4 --n-embd 256 --block-size 256"
+{
+  echo "# $(date -u) $(nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader 2>/dev/null || echo '?')"
+  $BIN --device cuda bench cuda
+  $BIN --device cuda bench sample $BUNDLED --tokens 200
+  $BIN --device cuda --paths f32 bench sample $BUNDLED --tokens 200
+  $BIN --device cpu bench sample $BUNDLED --tokens 200
+  PYTHONUNBUFFERED=1 $PY "$HERE/torch_cuda_peer.py"
+} 2>&1 | tee "$LOG"
+{
+  cat "$LOG"
+  echo
+  $PY "$HERE/compare_cuda.py" "$LOG"
+} > "$OUT"
+$PY "$HERE/compare_cuda.py" "$LOG"
+echo "saved $OUT"

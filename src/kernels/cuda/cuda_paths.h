@@ -1,0 +1,44 @@
+// The CUDA backend's gated matmul paths (registered in cuda_paths.cpp). Every function takes
+// device pointers and runs on cuda::stream(); dispatch functions have Ops::matmul's contract
+// with the path's packed weight: out[M,N] = in[M,K] @ unpack(w)[K,N] + bias[N].
+// Plain C++17 (no CUDA headers): included by host code and tests.
+#pragma once
+
+#include <cstddef>
+
+namespace ptllm::cuda {
+
+// ---- matmul_storage.cu: reduced-precision weight storage, f32 FFMA arithmetic ----
+// Packed layout of every storage format: transposed, [N][Kp] with Kp = paddedK(K) (zeros past
+// K), so a warp streams one output column's weights contiguously; fp8 appends scales[N] (f32).
+int paddedK(int K);                   // K rounded up to a multiple of 64
+size_t f16PackedBytes(int K, int N);  // also bf16
+size_t fp8PackedBytes(int K, int N);  // bytes + per-channel scales
+// False when a weight is not representable (|w| overflows f16, NaN/Inf): the matrix stays f32.
+bool packF16(void* dst, const float* w, int K, int N);
+bool packBf16(void* dst, const float* w, int K, int N);
+// Per-output-channel scale = max_k |w[k,n]| / 448, q = e4m3(w / scale) (round to nearest).
+bool packFp8(void* dst, const float* w, int K, int N);
+void matmulF16(float* out, const float* in, const void* w, const float* bias, int M, int K, int N);
+void matmulBf16(float* out, const float* in, const void* w, const float* bias, int M, int K, int N);
+void matmulFp8(float* out, const float* in, const void* w, const float* bias, int M, int K, int N);
+// Test-only: packF16 that drops the low 6 mantissa bits (a plausible packing bug the gate
+// must catch). Never registered in the product.
+bool packF16Truncated(void* dst, const float* w, int K, int N);
+
+// ---- matmul_tensor_core.cu: f16 tensor cores (mma.sync m16n8k16, f32 accumulate) ----
+// Weights: packF16's layout. Activations are converted per call to f16 with a power-of-two
+// scale per row (max |row| lands in [256, 512)), so a row's range never overflows f16; the
+// scale is undone exactly in the f32 epilogue.
+void matmulTensorCoreF16(float* out, const float* in, const void* w, const float* bias, int M,
+                         int K, int N);
+// The raw tile kernel on f16 operands (benchmarks): c[M,N] = a[M,Kp] . b[N,Kp]^T, f32 out.
+// Kp must be a multiple of 64; a and b rows Kp apart.
+void gemmF16TensorCore(float* c, const void* a, const void* b, int M, int N, int Kp);
+
+// ---- matmul_cublaslt.cu: the platform library (cuBLASLt) on the same operands ----
+void matmulCublasLtF16(float* out, const float* in, const void* w, const float* bias, int M, int K,
+                       int N);
+void gemmF16CublasLt(float* c, const void* a, const void* b, int M, int N, int Kp);
+
+}  // namespace ptllm::cuda

@@ -1,0 +1,271 @@
+// The CUDA gated paths: each kernel against the f32 reference over a shape table (exactly, on
+// the weights it claims to store, and within the spec's gate on the raw weights); the gates
+// pass or fail as on the CPU, the test-only broken pack included; the registry's CUDA table.
+// Every GPU test skips (not fails) on a machine without a usable GPU.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "core/half.h"
+#include "gate/capabilities.h"
+#include "gate/gate.h"
+#include "gate/metric.h"
+#include "gate/paths.h"
+#include "kernels/cuda/cuda_device.h"
+#include "kernels/cuda/cuda_paths.h"
+#include "kernels/ops.h"
+#include "kernels/registry.h"
+#include "test_util.h"
+
+namespace ptllm {
+namespace {
+
+TEST(CudaRegistry, DeclaresEveryPathOfTheIssue) {
+  const std::vector<PathEntry> paths = cudaPaths();
+  if (!cudaDeviceInfo().built) {
+    EXPECT_TRUE(paths.empty());  // the stub build
+    GTEST_SKIP() << cudaDeviceInfo().reason;
+  }
+  std::vector<std::string> names;
+  for (const auto& e : paths) {
+    names.push_back(e.name);
+    EXPECT_EQ(e.device, Device::CUDA);
+    EXPECT_FALSE(e.pill.empty());
+    ASSERT_FALSE(e.gateShapes.empty());
+    EXPECT_EQ(e.gateShapes[0].M, 64);  // the spec's shape first
+    EXPECT_EQ(e.gateShapes[0].K, 128);
+    EXPECT_EQ(e.gateShapes[0].N, 128);
+    EXPECT_EQ(e.gateProbes.size(), 4u);
+    EXPECT_DOUBLE_EQ(e.thresholds.meanRel, 0.005);  // the spec's thresholds, never looser
+    EXPECT_DOUBLE_EQ(e.thresholds.maxAbsOfMeanRef, 0.01);
+  }
+  EXPECT_EQ(names, (std::vector<std::string>{"f16-storage", "bf16-storage", "tensor-core-f16",
+                                             "cublaslt", "fp8-e4m3"}));
+  // pathsFor keeps the backends apart: a CPU PathSet never lists a CUDA entry.
+  for (const auto& e : pathsFor(Device::CPU)) EXPECT_EQ(e.device, Device::CPU);
+}
+
+TEST(CudaDetection, ReportsAReasonWhenUnavailable) {
+  const CudaDeviceInfo& d = cudaDeviceInfo();
+  if (d.available) {
+    EXPECT_FALSE(d.name.empty());
+    EXPECT_GT(d.multiprocessors, 0);
+    EXPECT_TRUE(detectCapabilities().has("cuda"));
+  } else {
+    EXPECT_FALSE(d.reason.empty());
+    EXPECT_FALSE(detectCapabilities().has("cuda"));
+    EXPECT_THROW(makeCudaOps(), Error);
+  }
+  EXPECT_FALSE(d.summary().empty());
+}
+
+class CudaPaths : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!cudaDeviceInfo().available) GTEST_SKIP() << cudaDeviceInfo().reason;
+    ops = makeCudaOps();
+    ref = makeRefOps();
+  }
+  // in[M,K] and w[K,N] through `e` on the GPU (output poisoned first); host result.
+  std::vector<float> runPath(const PathEntry& e, const std::vector<float>& in,
+                             const std::vector<float>& w, const std::vector<float>& bias, int M,
+                             int K, int N, bool* eligible = nullptr) {
+    Tensor dIn = ops->alloc({M, K}), dW = ops->alloc({K, N}), dB = ops->alloc({N}),
+           dOut = ops->alloc({M, N});
+    ops->upload(dIn, in.data());
+    ops->upload(dW, w.data());
+    ops->upload(dB, bias.data());
+    ops->fill(dOut.data(), std::nanf(""), dOut.numel());
+    auto packed = ops->allocBytes(e.packedBytes(K, N));
+    const bool ok = e.prepare(packed->ptr, dW.data(), K, N);
+    if (eligible) *eligible = ok;
+    std::vector<float> out(size_t(M) * N);
+    if (!ok) return out;
+    e.dispatch(dOut.data(), dIn.data(), packed->ptr, bias.empty() ? nullptr : dB.data(), M, K, N);
+    ops->download(out.data(), dOut);
+    return out;
+  }
+  std::vector<float> reference(const std::vector<float>& in, const std::vector<float>& w,
+                               const std::vector<float>& bias, int M, int K, int N) {
+    std::vector<float> out(size_t(M) * N);
+    ref->matmul(out.data(), in.data(), w.data(), bias.data(), M, K, N);
+    return out;
+  }
+  std::unique_ptr<Ops> ops, ref;
+};
+
+const PathEntry& cudaEntry(const std::string& name) {
+  for (const auto& e : registeredPaths())
+    if (e.device == Device::CUDA && e.name == name) return e;
+  throw Error("no CUDA path " + name);
+}
+
+struct Shape {
+  int M, K, N;
+};
+// 1, odd, primes, GEMV (M <= 8) and tiled (M > 8) kernels, K up to 4096, K not a multiple of
+// the 64-element padding, N not a multiple of a warp's columns or the 128-wide tensor tiles.
+const std::vector<Shape> kShapes = {
+    {1, 1, 1},    {1, 7, 3},      {2, 64, 61},     {3, 127, 130},  {5, 256, 768},   {8, 1031, 17},
+    {9, 33, 257}, {64, 128, 128}, {67, 1000, 131}, {1, 4096, 512}, {130, 4096, 96}, {257, 96, 300}};
+
+// The weights a storage format claims to hold, rounded on the host.
+float roundF16(float x) {
+  return f16ToF32(f32ToF16(x));
+}
+float roundBf16(float x) {
+  return bf16ToF32(f32ToBf16(x));
+}
+
+// Exact level: the path equals the f32 reference run on the weights it stores (rounded on the
+// host), up to f32 summation order — any indexing, layout or tail bug shows here.
+TEST_F(CudaPaths, StorageKernelsEqualTheReferenceOnTheStoredWeights) {
+  uint64_t seed = 100;
+  for (const char* name : {"f16-storage", "bf16-storage"}) {
+    const PathEntry& e = cudaEntry(name);
+    for (const Shape& s : kShapes) {
+      SCOPED_TRACE(::testing::Message() << name << " " << s.M << "x" << s.K << "x" << s.N);
+      const auto in = test::randomVector(size_t(s.M) * s.K, ++seed);
+      auto w = test::randomVector(size_t(s.K) * s.N, ++seed, -0.2f, 0.2f);
+      const auto bias = test::randomVector(size_t(s.N), ++seed);
+      bool ok = false;
+      const auto got = runPath(e, in, w, bias, s.M, s.K, s.N, &ok);
+      ASSERT_TRUE(ok);
+      for (float& x : w) x = std::string(name) == "f16-storage" ? roundF16(x) : roundBf16(x);
+      const auto want = reference(in, w, bias, s.M, s.K, s.N);
+      ASSERT_TRUE(test::allFinite(got.data(), got.size()));
+      EXPECT_LT(test::worstRatio(got.data(), want.data(), got.size(), 1e-5 * std::sqrt(s.K), 1e-5),
+                1.0);
+    }
+  }
+}
+
+// The tensor-core paths round activations (row-scaled) and weights to f16: equal to the
+// reference on both rounded operands, up to summation order.
+TEST_F(CudaPaths, TensorCoreKernelsEqualTheReferenceOnF16Operands) {
+  uint64_t seed = 200;
+  for (const char* name : {"tensor-core-f16", "cublaslt"}) {
+    const PathEntry& e = cudaEntry(name);
+    for (const Shape& s : kShapes) {
+      SCOPED_TRACE(::testing::Message() << name << " " << s.M << "x" << s.K << "x" << s.N);
+      // Power-of-two-friendly magnitudes: the row scale is exact, so rounding the unscaled
+      // values to f16 on the host is what the kernel does.
+      auto in = test::randomVector(size_t(s.M) * s.K, ++seed);
+      auto w = test::randomVector(size_t(s.K) * s.N, ++seed, -0.2f, 0.2f);
+      const auto bias = test::randomVector(size_t(s.N), ++seed);
+      const auto got = runPath(e, in, w, bias, s.M, s.K, s.N);
+      for (float& x : w) x = roundF16(x);
+      for (int m = 0; m < s.M; ++m) {  // the kernel's row scale: max |row| into [256, 512)
+        float amax = 0;
+        for (int k = 0; k < s.K; ++k) amax = std::max(amax, std::fabs(in[size_t(m) * s.K + k]));
+        const int ex = amax > 0 ? std::ilogb(amax) - 8 : 0;
+        for (int k = 0; k < s.K; ++k) {
+          float& x = in[size_t(m) * s.K + k];
+          x = std::ldexp(roundF16(std::ldexp(x, -ex)), ex);
+        }
+      }
+      const auto want = reference(in, w, bias, s.M, s.K, s.N);
+      ASSERT_TRUE(test::allFinite(got.data(), got.size()));
+      EXPECT_LT(test::worstRatio(got.data(), want.data(), got.size(), 1e-5 * std::sqrt(s.K), 1e-5),
+                1.0);
+    }
+  }
+}
+
+// fp8 stores w/scale[n] as e4m3 (3 mantissa bits): within ~2^-4 of each weight. Checked on the
+// raw weights with a bound that fits e4m3, and on a case fp8 holds exactly (small integers
+// times a power of two, so every w/scale is representable).
+TEST_F(CudaPaths, Fp8KernelMatchesWithinE4m3PrecisionAndExactlyOnRepresentableWeights) {
+  const PathEntry& e = cudaEntry("fp8-e4m3");
+  uint64_t seed = 300;
+  for (const Shape& s : kShapes) {
+    SCOPED_TRACE(::testing::Message() << s.M << "x" << s.K << "x" << s.N);
+    const auto in = test::randomVector(size_t(s.M) * s.K, ++seed);
+    auto w = test::randomVector(size_t(s.K) * s.N, ++seed, -0.2f, 0.2f);
+    const std::vector<float> bias(size_t(s.N), 0.f);
+    const auto got = runPath(e, in, w, bias, s.M, s.K, s.N);
+    const auto want = reference(in, w, bias, s.M, s.K, s.N);
+    ASSERT_TRUE(test::allFinite(got.data(), got.size()));
+    const GateMetric m = compareOutputs(want.data(), got.data(), got.size(), GateThresholds{});
+    EXPECT_LT(m.meanRel, 0.08) << m.meanRel;  // e4m3's half-ulp is 6.25%
+
+    // Exactly representable: per column the max is 448 * 2^-10 and every weight an integer
+    // multiple of 2^-10 in [-8, 8] (all of them e4m3 values after dividing by the scale).
+    for (int k = 0; k < s.K; ++k)
+      for (int n = 0; n < s.N; ++n)
+        w[size_t(k) * s.N + n] = std::ldexp(float(int(k * 7 + n * 3) % 17 - 8), -10);
+    for (int n = 0; n < s.N; ++n) w[n] = std::ldexp(448.f, -10);  // row 0 sets the column max
+    const auto exactGot = runPath(e, in, w, bias, s.M, s.K, s.N);
+    const auto exactWant = reference(in, w, bias, s.M, s.K, s.N);
+    EXPECT_LT(test::worstRatio(exactGot.data(), exactWant.data(), exactGot.size(),
+                               1e-5 * std::sqrt(s.K), 1e-5),
+              1.0);
+  }
+}
+
+TEST_F(CudaPaths, F16PackRefusesOverflowAndBf16AcceptsIt) {
+  std::vector<float> w(64 * 32, 0.01f), in(64, 1.f), bias(32, 0.f);
+  w[77] = 1e5f;  // past f16's 65504
+  bool ok = true;
+  runPath(cudaEntry("f16-storage"), in, w, bias, 1, 64, 32, &ok);
+  EXPECT_FALSE(ok);
+  runPath(cudaEntry("tensor-core-f16"), in, w, bias, 1, 64, 32, &ok);
+  EXPECT_FALSE(ok);
+  const auto got = runPath(cudaEntry("bf16-storage"), in, w, bias, 1, 64, 32, &ok);
+  EXPECT_TRUE(ok);
+  EXPECT_TRUE(test::allFinite(got.data(), got.size()));
+}
+
+// Activations past f16's range: the row scale keeps the tensor-core paths finite and right.
+TEST_F(CudaPaths, TensorCoreRowScaleHoldsActivationsPastF16Range) {
+  const int M = 4, K = 256, N = 64;
+  auto in = test::randomVector(size_t(M) * K, 9, -700.f, 700.f);
+  for (size_t i = 0; i < in.size(); i += 64) in[i] *= 100.f;  // up to 7e4
+  const auto w = test::randomVector(size_t(K) * N, 10, -0.2f, 0.2f);
+  const std::vector<float> bias(N, 0.f);
+  const auto want = reference(in, w, bias, M, K, N);
+  for (const char* name : {"tensor-core-f16", "cublaslt"}) {
+    const auto got = runPath(cudaEntry(name), in, w, bias, M, K, N);
+    const GateMetric m = compareOutputs(want.data(), got.data(), got.size(), GateThresholds{});
+    EXPECT_TRUE(m.pass) << name << ": " << m.reason << " mean_rel " << m.meanRel;
+  }
+}
+
+// Every CUDA gate runs on the GPU backend; the storage and tensor-core paths carry f16's
+// precision and pass the spec's thresholds; whatever the verdicts, each is reported with its
+// numbers and a failed path is never the forward path.
+TEST_F(CudaPaths, GatesRunAndAFailedPathIsNeverUsed) {
+  PathSet set(*ops, PathSelection{}, detectCapabilities(), pathsFor(Device::CUDA));
+  const auto results = set.results();
+  ASSERT_EQ(results.size(), 5u);
+  for (const auto& r : results) {
+    SCOPED_TRACE(consoleLine(r));
+    EXPECT_TRUE(r.ran || !r.supported);
+    if (r.ran) EXPECT_GT(r.metric.meanAbsRef, 0.0);
+  }
+  EXPECT_TRUE(results[0].pass) << consoleLine(results[0]);  // f16-storage
+  EXPECT_TRUE(results[2].pass) << consoleLine(results[2]);  // tensor-core-f16
+  const PathEntry* fwd = set.forwardPath();
+  ASSERT_NE(fwd, nullptr);
+  EXPECT_EQ(fwd->name, "f16-storage");
+  for (const auto& r : results)
+    if (!r.pass) EXPECT_FALSE(set.isActive(r.path));
+}
+
+TEST_F(CudaPaths, BrokenPackFailsTheGateAndTheModelStaysOnF32) {
+  PathEntry broken = cudaEntry("f16-storage");
+  broken.name = "broken-f16";
+  broken.prepare = cuda::packF16Truncated;  // drops 6 mantissa bits
+  const GateResult r = runGate(*ops, broken);
+  EXPECT_FALSE(r.pass) << consoleLine(r);
+  EXPECT_NE(consoleLine(r).find("FAIL"), std::string::npos);
+  PathSet set(*ops, PathSelection{}, detectCapabilities(), {broken});
+  EXPECT_EQ(set.forwardPath(), nullptr);
+  EXPECT_TRUE(set.activePills().empty());
+}
+
+}  // namespace
+}  // namespace ptllm
