@@ -274,7 +274,7 @@ TEST_F(CudaOpsTest, AdamwAndSumSquares) {
     EXPECT_LE(worstRatio(m2.data(), m1.data(), size_t(n), 1e-7, 1e-6), 1.0);
     EXPECT_LE(worstRatio(v2.data(), v1.data(), size_t(n), 1e-7, 1e-6), 1.0);
     const double want = ref->sumSquares(g.data(), n), got = cuda->sumSquares(dg.data(), n);
-    EXPECT_NEAR(got, want, 1e-12 * want);
+    EXPECT_NEAR(got, want, 1e-11 * want);  // both in double, different orders
   }
   EXPECT_EQ(cuda->sumSquares(nullptr, 0), 0.0);
 }
