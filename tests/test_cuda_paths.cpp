@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "core/error.h"
 #include "core/half.h"
 #include "gate/capabilities.h"
 #include "gate/gate.h"
@@ -175,33 +176,39 @@ TEST_F(CudaPaths, TensorCoreKernelsEqualTheReferenceOnF16Operands) {
   }
 }
 
-// fp8 stores w/scale[n] as e4m3 (3 mantissa bits): within ~2^-4 of each weight. Checked on the
-// raw weights with a bound that fits e4m3, and on a case fp8 holds exactly (small integers
-// times a power of two, so every w/scale is representable).
-TEST_F(CudaPaths, Fp8KernelMatchesWithinE4m3PrecisionAndExactlyOnRepresentableWeights) {
+// e4m3 on the host: 3 mantissa bits, exponent bias 7, subnormal spacing 2^-9, saturating at
+// 448; round to nearest even (the pack converts with __NV_SATFINITE).
+float roundE4m3(float x) {
+  const float a = std::fabs(x);
+  if (a == 0.f) return x;
+  const int e = std::max(std::ilogb(a), -6);
+  const float ulp = std::ldexp(1.f, e - 3);
+  return std::copysign(std::min(std::nearbyint(a / ulp) * ulp, 448.f), x);
+}
+
+// fp8 stores q = e4m3(w / scale[n]) with scale[n] = max_k |w[k,n]| / 448 and multiplies the
+// scale back after the dot product: equal to the reference on q * scale, up to summation order.
+TEST_F(CudaPaths, Fp8KernelEqualsTheReferenceOnTheStoredWeights) {
   const PathEntry& e = cudaEntry("fp8-e4m3");
   uint64_t seed = 300;
   for (const Shape& s : kShapes) {
     SCOPED_TRACE(::testing::Message() << s.M << "x" << s.K << "x" << s.N);
     const auto in = test::randomVector(size_t(s.M) * s.K, ++seed);
     auto w = test::randomVector(size_t(s.K) * s.N, ++seed, -0.2f, 0.2f);
-    const std::vector<float> bias(size_t(s.N), 0.f);
+    const auto bias = test::randomVector(size_t(s.N), ++seed);
     const auto got = runPath(e, in, w, bias, s.M, s.K, s.N);
+    for (int n = 0; n < s.N; ++n) {
+      float amax = 0;
+      for (int k = 0; k < s.K; ++k) amax = std::max(amax, std::fabs(w[size_t(k) * s.N + n]));
+      const float scale = amax > 0 ? amax / 448.f : 1.f;
+      for (int k = 0; k < s.K; ++k) {
+        float& x = w[size_t(k) * s.N + n];
+        x = roundE4m3(x / scale) * scale;
+      }
+    }
     const auto want = reference(in, w, bias, s.M, s.K, s.N);
     ASSERT_TRUE(test::allFinite(got.data(), got.size()));
-    const GateMetric m = compareOutputs(want.data(), got.data(), got.size(), GateThresholds{});
-    EXPECT_LT(m.meanRel, 0.08) << m.meanRel;  // e4m3's half-ulp is 6.25%
-
-    // Exactly representable: per column the max is 448 * 2^-10 and every weight an integer
-    // multiple of 2^-10 in [-8, 8] (all of them e4m3 values after dividing by the scale).
-    for (int k = 0; k < s.K; ++k)
-      for (int n = 0; n < s.N; ++n)
-        w[size_t(k) * s.N + n] = std::ldexp(float(int(k * 7 + n * 3) % 17 - 8), -10);
-    for (int n = 0; n < s.N; ++n) w[n] = std::ldexp(448.f, -10);  // row 0 sets the column max
-    const auto exactGot = runPath(e, in, w, bias, s.M, s.K, s.N);
-    const auto exactWant = reference(in, w, bias, s.M, s.K, s.N);
-    EXPECT_LT(test::worstRatio(exactGot.data(), exactWant.data(), exactGot.size(),
-                               1e-5 * std::sqrt(s.K), 1e-5),
+    EXPECT_LT(test::worstRatio(got.data(), want.data(), got.size(), 1e-5 * std::sqrt(s.K), 1e-4),
               1.0);
   }
 }
@@ -244,15 +251,20 @@ TEST_F(CudaPaths, GatesRunAndAFailedPathIsNeverUsed) {
   for (const auto& r : results) {
     SCOPED_TRACE(consoleLine(r));
     EXPECT_TRUE(r.ran || !r.supported);
-    if (r.ran) EXPECT_GT(r.metric.meanAbsRef, 0.0);
+    if (r.ran) {
+      EXPECT_GT(r.metric.meanAbsRef, 0.0);
+    }
   }
   EXPECT_TRUE(results[0].pass) << consoleLine(results[0]);  // f16-storage
   EXPECT_TRUE(results[2].pass) << consoleLine(results[2]);  // tensor-core-f16
   const PathEntry* fwd = set.forwardPath();
   ASSERT_NE(fwd, nullptr);
   EXPECT_EQ(fwd->name, "f16-storage");
-  for (const auto& r : results)
-    if (!r.pass) EXPECT_FALSE(set.isActive(r.path));
+  for (const auto& r : results) {
+    if (!r.pass) {
+      EXPECT_FALSE(set.isActive(r.path));
+    }
+  }
 }
 
 TEST_F(CudaPaths, BrokenPackFailsTheGateAndTheModelStaysOnF32) {

@@ -195,6 +195,70 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// Decode (Tq == 1): one block per (head, batch) and all of it on the one query row — a thread
+// per key for the scores, a block-wide max-subtracted softmax, then warp w sums the values of
+// keys j = w (mod 8) with a lane per channel, and the 8 partial rows are added in order.
+constexpr int kDecodeMaxTk = 4096;  // scores kept in shared memory
+
+__global__ void __launch_bounds__(kThreads)
+    attentionDecodeKernel(float* out, float* att, const float* qkv, int Tk, int C, int NH) {
+  __shared__ float q[kMaxHs];
+  __shared__ float s[kDecodeMaxTk];
+  __shared__ float partial[kWarps][kMaxHs];
+  __shared__ float red[32];
+  const int b = blockIdx.y, h = blockIdx.x, hs = C / NH;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const float scale = 1.0f / sqrtf(float(hs));
+  const int64_t stride = 3 * (int64_t)C;
+  const float* base = qkv + (int64_t)b * Tk * stride + h * hs;
+  for (int d = threadIdx.x; d < hs; d += kThreads) q[d] = base[(Tk - 1) * stride + d];
+  __syncthreads();
+  float mx = -INFINITY;
+  for (int j = threadIdx.x; j < Tk; j += kThreads) {
+    const float* k = base + j * stride + C;
+    float dot = 0.0f;
+    for (int d = 0; d < hs; ++d) dot = fmaf(q[d], k[d], dot);
+    s[j] = scale * dot;
+    mx = fmaxf(mx, s[j]);
+  }
+  mx = blockReduce(mx, MaxOp{}, -INFINITY, red);
+  float sum = 0.0f;
+  for (int j = threadIdx.x; j < Tk; j += kThreads) {
+    const float e = expf(s[j] - mx);
+    s[j] = e;
+    sum += e;
+  }
+  const float inv = 1.0f / blockReduce(sum, SumOp{}, 0.0f, red);
+  float* a = att + ((int64_t)b * NH + h) * Tk;
+  for (int j = threadIdx.x; j < Tk; j += kThreads) {
+    s[j] *= inv;
+    a[j] = s[j];
+  }
+  __syncthreads();
+  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  for (int j = warp; j < Tk; j += kWarps) {
+    const float* v = base + j * stride + 2 * C;
+    const float p = s[j];
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int d = lane + 32 * r;
+      if (d < hs) acc[r] = fmaf(p, v[d], acc[r]);
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < 4; ++r) {
+    const int d = lane + 32 * r;
+    if (d < hs) partial[warp][d] = acc[r];
+  }
+  __syncthreads();
+  for (int d = threadIdx.x; d < hs; d += kThreads) {
+    float o = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) o += partial[w][d];
+    out[(int64_t)b * C + h * hs + d] = o;
+  }
+}
+
 void checkHeads(int C, int NH) {
   if (NH <= 0 || C % NH != 0 || C / NH > kMaxHs || C / NH < 1)
     fail("CUDA attention: C={} over NH={} heads needs a head size in 1..{}", C, NH, kMaxHs);
@@ -207,6 +271,11 @@ void launchAttentionForward(float* out, float* att, const float* qkv, int B, int
   checkHeads(C, NH);
   if (Tq > Tk || Tq < 0) fail("CUDA attention: Tq={} exceeds Tk={}", Tq, Tk);
   if (B <= 0 || Tq == 0) return;
+  if (Tq == 1 && Tk <= kDecodeMaxTk) {
+    attentionDecodeKernel<<<dim3(NH, B), kThreads, 0, stream()>>>(out, att, qkv, Tk, C, NH);
+    PTLLM_CUDA_LAUNCH_CHECK();
+    return;
+  }
   const dim3 grid(ceilDiv(Tq, kQ), NH, B);
   attentionForwardKernel<<<grid, kThreads, 0, stream()>>>(out, att, qkv, Tq, Tk, C, NH);
   PTLLM_CUDA_LAUNCH_CHECK();
