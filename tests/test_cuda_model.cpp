@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <string>
+#include <vector>
 
 #include "core/file_io.h"
 #include "gate/paths.h"
@@ -76,6 +77,40 @@ TEST_F(CudaModel, EveryPassingGpuPathGivesTheGpuF32Text) {
   }
   EXPECT_GE(compared, 1) << "no GPU path passed its gate";
   EXPECT_TRUE(probe.isActive("f16-storage"));
+}
+
+// The recorded decode step (one graph launch per token) computes exactly what the op-by-op step
+// does: the same kernels on the same data, so every step's logits are bit-identical, on f32
+// and on the active fast path.
+TEST_F(CudaModel, StepGraphDecodeEqualsOpByOpDecode) {
+  for (const char* paths : {"f32", "auto"}) {
+    SCOPED_TRACE(paths);
+    PathSet set(*gpu, PathSelection::parse(paths));
+    LoadedModel lm = loadCheckpoint(*gpu, kModel);
+    Gpt2& m = *lm.model;
+    m.setPaths(&set);
+    const int V = m.config().vocabSize;
+    const std::vector<int32_t> prompt = lm.tokenizer->encode("ROMEO:", "prompt");
+    const int steps = std::min(120, m.config().blockSize - int(prompt.size()));
+    auto run = [&](bool graphs) {
+      m.setStepGraphs(graphs);
+      m.resetCache();
+      std::vector<float> logits(size_t(V), 0.f);
+      m.forwardCached(prompt.data(), int(prompt.size()), logits.data());
+      std::vector<std::vector<float>> all;
+      for (int i = 0; i < steps; ++i) {
+        const int32_t tok =
+            int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
+        m.forwardCached(&tok, 1, logits.data());
+        EXPECT_EQ(m.usedStepGraph(), graphs);
+        all.push_back(logits);
+      }
+      return all;
+    };
+    const auto opByOp = run(false), replayed = run(true);
+    ASSERT_EQ(opByOp.size(), replayed.size());
+    for (size_t i = 0; i < opByOp.size(); ++i) ASSERT_EQ(opByOp[i], replayed[i]) << "step " << i;
+  }
 }
 
 }  // namespace

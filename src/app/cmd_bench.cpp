@@ -100,9 +100,9 @@ void benchSample(const ModelArgs& a, const GlobalOptions& g) {
   const double secs = since(t0);
   std::printf(
       "peer=ptllm mode=sample device=%s n_layer=%d n_head=%d n_embd=%d block=%d threads=%d "
-      "path=%s params=%lld tokens=%d secs=%.4f tok_s=%.2f\n",
+      "path=%s step_graph=%d params=%lld tokens=%d secs=%.4f tok_s=%.2f\n",
       e.ops->name(), a.cfg.nLayer, a.cfg.nHead, a.cfg.nEmbd, a.cfg.blockSize, threadCount(),
-      pathName(m).c_str(),
+      pathName(m).c_str(), int(m.usedStepGraph()),
       (long long)m.numParams(), a.tokens, secs, a.tokens / secs);
 }
 

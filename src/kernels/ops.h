@@ -12,11 +12,15 @@
 #include <cstdint>
 #include <memory>
 
+#include "core/error.h"
 #include "core/tensor.h"
 
 namespace ptllm {
 
 class Ops {
+ private:
+  [[noreturn]] void noStepGraphs() const { fail("the {} backend has no step graphs", name()); }
+
  public:
   virtual ~Ops() = default;
   virtual Device device() const = 0;
@@ -83,6 +87,38 @@ class Ops {
   // A target < 0 is ignored (loss 0, zero gradient).
   virtual void crossEntropy(float* losses, float* dlogits, const float* logits,
                             const int32_t* targets, int M, int V, float dscale) = 0;
+
+  // ---- decode steps replayed as a graph (optional: CUDA) ----
+  // A backend that can record one decode step and replay it: the model captures its step once
+  // per path and replays it for every later token. The token and its position live in device
+  // memory (`step`, 2 int32: token id, position), so one recording serves every position.
+  // Backends without graphs return false and the model runs each step op by op.
+  class StepGraph {
+   public:
+    virtual ~StepGraph() = default;
+    virtual void replay() = 0;  // enqueues the recorded step
+  };
+  virtual bool supportsStepGraphs() const { return false; }
+  // Between these two, this thread's ops are recorded, not run (no host reads allowed).
+  virtual void beginStepCapture() { noStepGraphs(); }
+  virtual std::unique_ptr<StepGraph> endStepCapture() { noStepGraphs(); }
+  // step[0] = token, step[1] = pos (a small host-to-device copy, outside any capture).
+  virtual void setDecodeStep(int32_t* /*step*/, int32_t /*token*/, int32_t /*pos*/) {
+    noStepGraphs();
+  }
+  // out[C] = wte[step[0]] + wpe[step[1]]
+  virtual void embeddingStep(float* /*out*/, const int32_t* /*step*/, const float* /*wte*/,
+                             const float* /*wpe*/, int /*C*/) {
+    noStepGraphs();
+  }
+  // Writes the new position's fused row qkvNew[3C] into cache row step[1], then attends its
+  // query over cache rows [0, step[1]]: out[C], att[NH][maxT] (probabilities of the row; the
+  // entries past step[1] are not written).
+  virtual void attentionStep(float* /*out*/, float* /*att*/, float* /*cache*/,
+                             const float* /*qkvNew*/, int /*C*/, int /*NH*/, int /*maxT*/,
+                             const int32_t* /*step*/) {
+    noStepGraphs();
+  }
 
   // ---- optimiser ----
   // Sum of squares of x[n] in double (for gradient-norm clipping).

@@ -125,6 +125,7 @@ void Gpt2::initRandom(uint64_t seed) {
 }
 
 void Gpt2::invalidatePackedWeights() {
+  stepGraphs_.clear();  // a recording holds the packed buffers and the path it was made for
   for (auto& L : layers_)
     for (Linear* l : {&L.attn, &L.proj, &L.fc, &L.fcProj}) {
       l->packedFor = nullptr;  // stale; the buffer is kept and refilled by the next pack
@@ -423,6 +424,10 @@ void Gpt2::forwardCached(const int32_t* tokens, int n, float* logitsOut) {
     if (tokens[i] < 0 || tokens[i] >= cfg_.vocabSize)
       fail("token id {} outside the vocabulary of {}", tokens[i], cfg_.vocabSize);
   ensureCache();
+  usedStepGraph_ = false;
+  if (n == 1 && stepGraphsOn_ && !stepGraphsBroken_ && ops_.supportsStepGraphs() &&
+      decodeWithStepGraph(tokens[0], logitsOut))
+    return;
   Acts& a = *inferActs_;
   const int C = cfg_.nEmbd, NH = cfg_.nHead, V = cfg_.vocabSize, p0 = cachePos_, Tk = p0 + n;
   float* x = a.encoded.data();
@@ -451,6 +456,71 @@ void Gpt2::forwardCached(const int32_t* tokens, int n, float* logitsOut) {
   ops_.matmulAbt(a.logits.data(), a.lnf.data(), param(*wte_), 1, C, V, false);
   ops_.download(logitsOut, a.logits);
   cachePos_ = Tk;
+}
+
+bool Gpt2::decodeWithStepGraph(int32_t token, float* logitsOut) {
+  const PathEntry* path = fastPath(false);
+  auto it = stepGraphs_.find(path);
+  if (it == stepGraphs_.end()) {
+    try {
+      recordDecodeStep(path);
+    } catch (const std::exception& ex) {
+      stepGraphsBroken_ = true;  // run op by op from now on; say so once
+      std::fprintf(stderr, "[ops] decode step graph unavailable (%s): running op by op\n",
+                   ex.what());
+      return false;
+    }
+    it = stepGraphs_.find(path);
+  }
+  ops_.setDecodeStep(static_cast<int32_t*>(stepIds_->ptr), token, cachePos_);
+  it->second->replay();
+  ops_.download(logitsOut, inferActs_->logits);
+  cachePos_ += 1;
+  usedStepGraph_ = true;
+  lastLinearPath_ = path ? path->name : "f32";
+  return true;
+}
+
+// The one-token forward of forwardCached with the position read from the device: recorded, not
+// run. Weights are packed first (packing synchronises, which a recording cannot).
+void Gpt2::recordDecodeStep(const PathEntry* path) {
+  if (path && path->prepare)
+    for (auto& L : layers_)
+      for (Linear* l : {&L.attn, &L.proj, &L.fc, &L.fcProj})
+        if (l->packedFor != path && !l->ineligible) pack(*l, path);
+  const int C = cfg_.nEmbd, NH = cfg_.nHead, V = cfg_.vocabSize, T = cfg_.blockSize;
+  if (!stepIds_) stepIds_ = ops_.allocBytes(2 * sizeof(int32_t));
+  if (stepQkv_.empty()) stepQkv_ = ops_.alloc({3 * C});
+  Acts& a = *inferActs_;
+  float *x = a.encoded.data(), *ln = a.ln1[0].data(), *y = a.atty[0].data();
+  float *proj = a.attProj[0].data(), *h = a.fch[0].data(), *qkv = stepQkv_.data();
+  const int32_t* step = static_cast<const int32_t*>(stepIds_->ptr);
+  ops_.beginStepCapture();
+  try {
+    ops_.embeddingStep(x, step, param(*wte_), param(*wpe_), C);
+    for (int l = 0; l < cfg_.nLayer; ++l) {
+      Layer& L = layers_[size_t(l)];
+      ops_.layernormForward(ln, nullptr, nullptr, x, param(*L.ln1w), param(*L.ln1b), 1, C);
+      linear(L.attn, qkv, ln, 1, path);
+      ops_.attentionStep(y, a.att[0].data(), kvCache_[size_t(l)].data(), qkv, C, NH, T, step);
+      linear(L.proj, proj, y, 1, path);
+      ops_.add(x, x, proj, C);
+      ops_.layernormForward(ln, nullptr, nullptr, x, param(*L.ln2w), param(*L.ln2b), 1, C);
+      linear(L.fc, h, ln, 1, path);
+      ops_.geluForward(h, h, int64_t(4) * C);
+      linear(L.fcProj, proj, h, 1, path);
+      ops_.add(x, x, proj, C);
+    }
+    ops_.layernormForward(a.lnf.data(), nullptr, nullptr, x, param(*lnfW_), param(*lnfB_), 1, C);
+    ops_.matmulAbt(a.logits.data(), a.lnf.data(), param(*wte_), 1, C, V, false);
+  } catch (...) {
+    try {
+      ops_.endStepCapture();  // leave capture mode; the partial recording is dropped
+    } catch (...) {
+    }
+    throw;
+  }
+  stepGraphs_[path] = ops_.endStepCapture();
 }
 
 }  // namespace ptllm

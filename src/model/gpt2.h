@@ -110,6 +110,14 @@ class Gpt2 {
   // Runs tokens[n] at positions cachedTokens()..+n (must fit in blockSize) and writes the
   // logits of the last one to logitsOut[V] (host memory).
   void forwardCached(const int32_t* tokens, int n, float* logitsOut);
+  // On a backend with step graphs (CUDA), a one-token step is recorded once per path and then
+  // replayed: one launch per token instead of one per op. On by default; the recording is
+  // dropped with the packed weights (every train step) and when the paths change.
+  void setStepGraphs(bool on) {
+    stepGraphsOn_ = on;
+    stepGraphs_.clear();
+  }
+  bool usedStepGraph() const { return usedStepGraph_; }  // the last forwardCached replayed one
 
  private:
   struct Linear;
@@ -121,6 +129,8 @@ class Gpt2 {
   void linearBackward(Linear& l, float* dIn, const float* dOut, const float* in, int M);
   void ensureActs(int B, int T);
   void ensureCache();
+  bool decodeWithStepGraph(int32_t token, float* logitsOut);
+  void recordDecodeStep(const PathEntry* path);
 
   Ops& ops_;
   ModelConfig cfg_;
@@ -139,6 +149,12 @@ class Gpt2 {
   std::vector<Tensor> kvCache_;
   std::unique_ptr<Acts> inferActs_;
   int cachePos_ = 0;
+  // Step graphs: one recording per path (nullptr: f32), the step's [token, pos] on the device
+  // and the new position's fused qkv row.
+  std::map<const PathEntry*, std::unique_ptr<Ops::StepGraph>> stepGraphs_;
+  std::shared_ptr<Buffer> stepIds_;
+  Tensor stepQkv_;
+  bool stepGraphsOn_ = true, stepGraphsBroken_ = false, usedStepGraph_ = false;
 };
 
 }  // namespace ptllm

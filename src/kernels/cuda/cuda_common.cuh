@@ -22,6 +22,10 @@ namespace ptllm::cuda {
 // The backend's stream (non-blocking, created on first use). Every kernel, copy and library
 // call of the backend goes on it, so a decode step can be captured into a CUDA graph.
 cudaStream_t stream();
+// While a thread records a decode step (CudaOps::beginStepCapture) its work goes to a private
+// capture stream, so work other threads put on the shared stream is never recorded. nullptr
+// returns the thread to the shared stream.
+void setThreadStream(cudaStream_t s);
 
 inline unsigned ceilDiv(long long a, long long b) {
   return static_cast<unsigned>((a + b - 1) / b);

@@ -84,13 +84,23 @@ double cudaMedianMs(const std::function<void()>& fn, int iters, int warmup) {
 }
 
 namespace cuda {
-cudaStream_t stream() {
+namespace {
+thread_local cudaStream_t tThreadStream = nullptr;
+cudaStream_t sharedStream() {
   static cudaStream_t s = [] {
     cudaStream_t st = nullptr;
     PTLLM_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
     return st;
   }();
   return s;
+}
+}  // namespace
+
+cudaStream_t stream() {
+  return tThreadStream ? tThreadStream : sharedStream();
+}
+void setThreadStream(cudaStream_t s) {
+  tThreadStream = s;
 }
 }  // namespace cuda
 

@@ -53,6 +53,12 @@ class CudaOps final : public Ops {
     sms_ = info.multiprocessors;
     cuda::stream();  // created now: errors surface at construction
   }
+  ~CudaOps() override {
+    if (captureStream_) cudaStreamDestroy(captureStream_);
+    if (captureReady_) cudaEventDestroy(captureReady_);
+    if (stepCopied_) cudaEventDestroy(stepCopied_);
+    if (pinnedStep_) cudaFreeHost(pinnedStep_);
+  }
 
   Device device() const override { return Device::CUDA; }
   const char* name() const override { return "cuda"; }
@@ -145,6 +151,60 @@ class CudaOps final : public Ops {
     cuda::launchCrossEntropy(losses, dlogits, logits, targets, M, V, dscale, ids_);
   }
 
+  // ---- replayable decode steps ----
+  class Graph final : public StepGraph {
+   public:
+    explicit Graph(cudaGraphExec_t exec) : exec_(exec) {}
+    ~Graph() override { cudaGraphExecDestroy(exec_); }
+    void replay() override { PTLLM_CUDA_CHECK(cudaGraphLaunch(exec_, cuda::stream())); }
+
+   private:
+    cudaGraphExec_t exec_;
+  };
+  bool supportsStepGraphs() const override { return true; }
+  void beginStepCapture() override {
+    if (!captureStream_) {
+      PTLLM_CUDA_CHECK(cudaStreamCreateWithFlags(&captureStream_, cudaStreamNonBlocking));
+      PTLLM_CUDA_CHECK(cudaEventCreateWithFlags(&captureReady_, cudaEventDisableTiming));
+    }
+    // The recording starts after what this thread already queued.
+    PTLLM_CUDA_CHECK(cudaEventRecord(captureReady_, cuda::stream()));
+    PTLLM_CUDA_CHECK(cudaStreamWaitEvent(captureStream_, captureReady_, 0));
+    PTLLM_CUDA_CHECK(cudaStreamBeginCapture(captureStream_, cudaStreamCaptureModeThreadLocal));
+    cuda::setThreadStream(captureStream_);
+  }
+  std::unique_ptr<StepGraph> endStepCapture() override {
+    cuda::setThreadStream(nullptr);
+    cudaGraph_t graph = nullptr;
+    PTLLM_CUDA_CHECK(cudaStreamEndCapture(captureStream_, &graph));
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t err = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    PTLLM_CUDA_CHECK(err);
+    return std::make_unique<Graph>(exec);
+  }
+  void setDecodeStep(int32_t* step, int32_t token, int32_t pos) override {
+    if (!pinnedStep_) {
+      PTLLM_CUDA_CHECK(cudaMallocHost(&pinnedStep_, 2 * sizeof(int32_t)));
+      PTLLM_CUDA_CHECK(cudaEventCreateWithFlags(&stepCopied_, cudaEventDisableTiming));
+    } else {
+      PTLLM_CUDA_CHECK(cudaEventSynchronize(stepCopied_));  // the last copy has read it
+    }
+    pinnedStep_[0] = token;
+    pinnedStep_[1] = pos;
+    PTLLM_CUDA_CHECK(cudaMemcpyAsync(step, pinnedStep_, 2 * sizeof(int32_t), cudaMemcpyHostToDevice,
+                                     cuda::stream()));
+    PTLLM_CUDA_CHECK(cudaEventRecord(stepCopied_, cuda::stream()));
+  }
+  void embeddingStep(float* out, const int32_t* step, const float* wte, const float* wpe,
+                     int C) override {
+    cuda::launchEmbeddingStep(out, step, wte, wpe, C);
+  }
+  void attentionStep(float* out, float* att, float* cache, const float* qkvNew, int C, int NH,
+                     int maxT, const int32_t* step) override {
+    cuda::launchAttentionStep(out, att, cache, qkvNew, C, NH, maxT, step);
+  }
+
   double sumSquares(const float* x, int64_t n) override { return cuda::sumSquares(x, n, scratch_); }
   void scale(float* x, float s, int64_t n) override { cuda::launchScale(x, s, n); }
   void adamw(float* p, const float* g, float* m, float* v, int64_t n, float lr, float beta1,
@@ -154,8 +214,11 @@ class CudaOps final : public Ops {
 
  private:
   int sms_ = 0;
-  cuda::DeviceScratch scratch_;  // reductions' partial sums, attention backward's dscores
-  cuda::DeviceScratch ids_;      // token / target ids copied from the host
+  cudaStream_t captureStream_ = nullptr;  // this object's step recordings
+  cudaEvent_t captureReady_ = nullptr, stepCopied_ = nullptr;
+  int32_t* pinnedStep_ = nullptr;  // setDecodeStep's staging (page-locked: a true async copy)
+  cuda::DeviceScratch scratch_;    // reductions' partial sums, attention backward's dscores
+  cuda::DeviceScratch ids_;        // token / target ids copied from the host
 };
 
 }  // namespace

@@ -198,47 +198,48 @@ __global__ void __launch_bounds__(kThreads)
 // Decode (Tq == 1): one block per (head, batch) and all of it on the one query row — a thread
 // per key for the scores, a block-wide max-subtracted softmax, then warp w sums the values of
 // keys j = w (mod 8) with a lane per channel, and the 8 partial rows are added in order.
-constexpr int kDecodeMaxTk = 4096;  // scores kept in shared memory
+constexpr int kDecodeMaxTk = 4096;  // scores kept in shared memory (16 KB)
 
-__global__ void __launch_bounds__(kThreads)
-    attentionDecodeKernel(float* out, float* att, const float* qkv, int Tk, int C, int NH) {
-  __shared__ float q[kMaxHs];
-  __shared__ float s[kDecodeMaxTk];
-  __shared__ float partial[kWarps][kMaxHs];
-  __shared__ float red[32];
-  const int b = blockIdx.y, h = blockIdx.x, hs = C / NH;
+struct DecodeSmem {
+  float q[kMaxHs];
+  float s[kDecodeMaxTk];
+  float partial[kWarps][kMaxHs];
+  float red[32];
+};
+
+// The query row of head `h` at position Tk-1 over keys/values 0..Tk-1; `base` points at the
+// head's channels of row 0 of a [*, 3C] fused qkv (q | k | v).
+__device__ void decodeOneQuery(DecodeSmem& sm, float* out, float* attRow, const float* base,
+                               int64_t stride, int Tk, int C, int hs) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const float scale = 1.0f / sqrtf(float(hs));
-  const int64_t stride = 3 * (int64_t)C;
-  const float* base = qkv + (int64_t)b * Tk * stride + h * hs;
-  for (int d = threadIdx.x; d < hs; d += kThreads) q[d] = base[(Tk - 1) * stride + d];
+  for (int d = threadIdx.x; d < hs; d += kThreads) sm.q[d] = base[(Tk - 1) * stride + d];
   __syncthreads();
   float mx = -INFINITY;
   for (int j = threadIdx.x; j < Tk; j += kThreads) {
     const float* k = base + j * stride + C;
     float dot = 0.0f;
-    for (int d = 0; d < hs; ++d) dot = fmaf(q[d], k[d], dot);
-    s[j] = scale * dot;
-    mx = fmaxf(mx, s[j]);
+    for (int d = 0; d < hs; ++d) dot = fmaf(sm.q[d], k[d], dot);
+    sm.s[j] = scale * dot;
+    mx = fmaxf(mx, sm.s[j]);
   }
-  mx = blockReduce(mx, MaxOp{}, -INFINITY, red);
+  mx = blockReduce(mx, MaxOp{}, -INFINITY, sm.red);
   float sum = 0.0f;
   for (int j = threadIdx.x; j < Tk; j += kThreads) {
-    const float e = expf(s[j] - mx);
-    s[j] = e;
+    const float e = expf(sm.s[j] - mx);
+    sm.s[j] = e;
     sum += e;
   }
-  const float inv = 1.0f / blockReduce(sum, SumOp{}, 0.0f, red);
-  float* a = att + ((int64_t)b * NH + h) * Tk;
+  const float inv = 1.0f / blockReduce(sum, SumOp{}, 0.0f, sm.red);
   for (int j = threadIdx.x; j < Tk; j += kThreads) {
-    s[j] *= inv;
-    a[j] = s[j];
+    sm.s[j] *= inv;
+    attRow[j] = sm.s[j];
   }
   __syncthreads();
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   for (int j = warp; j < Tk; j += kWarps) {
     const float* v = base + j * stride + 2 * C;
-    const float p = s[j];
+    const float p = sm.s[j];
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
       const int d = lane + 32 * r;
@@ -248,15 +249,41 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
   for (int r = 0; r < 4; ++r) {
     const int d = lane + 32 * r;
-    if (d < hs) partial[warp][d] = acc[r];
+    if (d < hs) sm.partial[warp][d] = acc[r];
   }
   __syncthreads();
   for (int d = threadIdx.x; d < hs; d += kThreads) {
     float o = 0.0f;
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) o += partial[w][d];
-    out[(int64_t)b * C + h * hs + d] = o;
+    for (int w = 0; w < kWarps; ++w) o += sm.partial[w][d];
+    out[d] = o;
   }
+}
+
+__global__ void __launch_bounds__(kThreads)
+    attentionDecodeKernel(float* out, float* att, const float* qkv, int Tk, int C, int NH) {
+  __shared__ DecodeSmem sm;
+  const int b = blockIdx.y, h = blockIdx.x, hs = C / NH;
+  const int64_t stride = 3 * (int64_t)C;
+  decodeOneQuery(sm, out + (int64_t)b * C + h * hs, att + ((int64_t)b * NH + h) * Tk,
+                 qkv + (int64_t)b * Tk * stride + h * hs, stride, Tk, C, hs);
+}
+
+// The replayable decode step: the position comes from device memory (step[1]). Block h first
+// stores head h's channels of the new row into the cache (heads own disjoint channels), then
+// attends exactly like attentionDecodeKernel.
+__global__ void __launch_bounds__(kThreads)
+    attentionStepKernel(float* out, float* att, float* cache, const float* qkvNew, int C, int NH,
+                        int maxT, const int32_t* step) {
+  __shared__ DecodeSmem sm;
+  const int h = blockIdx.x, hs = C / NH, pos = step[1];
+  const int64_t stride = 3 * (int64_t)C;
+  for (int i = threadIdx.x; i < 3 * hs; i += kThreads) {
+    const int part = i / hs, d = i % hs;
+    cache[pos * stride + part * C + h * hs + d] = qkvNew[part * C + h * hs + d];
+  }
+  __syncthreads();  // the block's own stores are visible to it
+  decodeOneQuery(sm, out + h * hs, att + (int64_t)h * maxT, cache + h * hs, stride, pos + 1, C, hs);
 }
 
 void checkHeads(int C, int NH) {
@@ -278,6 +305,14 @@ void launchAttentionForward(float* out, float* att, const float* qkv, int B, int
   }
   const dim3 grid(ceilDiv(Tq, kQ), NH, B);
   attentionForwardKernel<<<grid, kThreads, 0, stream()>>>(out, att, qkv, Tq, Tk, C, NH);
+  PTLLM_CUDA_LAUNCH_CHECK();
+}
+
+void launchAttentionStep(float* out, float* att, float* cache, const float* qkvNew, int C, int NH,
+                         int maxT, const int32_t* step) {
+  checkHeads(C, NH);
+  if (maxT > kDecodeMaxTk) fail("CUDA attention step: context {} exceeds {}", maxT, kDecodeMaxTk);
+  attentionStepKernel<<<NH, kThreads, 0, stream()>>>(out, att, cache, qkvNew, C, NH, maxT, step);
   PTLLM_CUDA_LAUNCH_CHECK();
 }
 

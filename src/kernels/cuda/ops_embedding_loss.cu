@@ -103,7 +103,19 @@ __global__ void __launch_bounds__(kThreads)
   if (threadIdx.x == 0) *result = s;
 }
 
+__global__ void embeddingStepKernel(float* out, const int32_t* step, const float* wte,
+                                    const float* wpe, int C) {
+  const int64_t tok = step[0], pos = step[1];
+  for (int c = threadIdx.x; c < C; c += blockDim.x) out[c] = wte[tok * C + c] + wpe[pos * C + c];
+}
+
 }  // namespace
+
+void launchEmbeddingStep(float* out, const int32_t* step, const float* wte, const float* wpe,
+                         int C) {
+  embeddingStepKernel<<<1, 256, 0, stream()>>>(out, step, wte, wpe, C);
+  PTLLM_CUDA_LAUNCH_CHECK();
+}
 
 void launchEmbeddingForward(float* out, const int32_t* hostTokens, const float* wte,
                             const float* wpe, int B, int T, int C, int pos0,

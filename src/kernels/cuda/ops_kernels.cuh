@@ -63,11 +63,17 @@ void launchAttentionForward(float* out, float* att, const float* qkv, int B, int
                             int NH);
 void launchAttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* att,
                              int B, int T, int C, int NH, DeviceScratch& scratch);
+// The replayable decode step (Ops::attentionStep): position read from step[1].
+void launchAttentionStep(float* out, float* att, float* cache, const float* qkvNew, int C, int NH,
+                         int maxT, const int32_t* step);
 
 // ---- ops_embedding_loss.cu ----
 void launchEmbeddingForward(float* out, const int32_t* hostTokens, const float* wte,
                             const float* wpe, int B, int T, int C, int pos0,
                             DeviceScratch& idScratch);
+// Ops::embeddingStep: out[C] = wte[step[0]] + wpe[step[1]] (ids in device memory).
+void launchEmbeddingStep(float* out, const int32_t* step, const float* wte, const float* wpe,
+                         int C);
 void launchEmbeddingBackward(float* dwte, float* dwpe, const float* dout, const int32_t* hostTokens,
                              int B, int T, int C, DeviceScratch& idScratch);
 void launchCrossEntropy(float* losses, float* dlogits, const float* logits,
