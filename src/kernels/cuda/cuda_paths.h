@@ -1,7 +1,8 @@
 // The CUDA backend's gated matmul paths (registered in cuda_paths.cpp). Every function takes
 // device pointers and runs on cuda::stream(); dispatch functions have Ops::matmul's contract
 // with the path's packed weight: out[M,N] = in[M,K] @ unpack(w)[K,N] + bias[N].
-// Plain C++17 (no CUDA headers): included by host code and tests.
+// Plain C++17 (no CUDA headers): included by host code and tests; without the backend,
+// cuda_stub.cpp defines each function as a clear error.
 #pragma once
 
 #include <cstddef>
@@ -11,9 +12,15 @@ namespace ptllm::cuda {
 // ---- matmul_storage.cu: reduced-precision weight storage, f32 FFMA arithmetic ----
 // Packed layout of every storage format: transposed, [N][Kp] with Kp = paddedK(K) (zeros past
 // K), so a warp streams one output column's weights contiguously; fp8 appends scales[N] (f32).
-int paddedK(int K);                   // K rounded up to a multiple of 64
-size_t f16PackedBytes(int K, int N);  // also bf16
-size_t fp8PackedBytes(int K, int N);  // bytes + per-channel scales
+inline int paddedK(int K) {  // K rounded up to a multiple of 64
+  return (K + 63) / 64 * 64;
+}
+inline size_t f16PackedBytes(int K, int N) {  // also bf16
+  return size_t(N) * size_t(paddedK(K)) * 2;
+}
+inline size_t fp8PackedBytes(int K, int N) {  // bytes + per-channel scales
+  return size_t(N) * size_t(paddedK(K)) + size_t(N) * sizeof(float);
+}
 // False when a weight is not representable (|w| overflows f16, NaN/Inf): the matrix stays f32.
 bool packF16(void* dst, const float* w, int K, int N);
 bool packBf16(void* dst, const float* w, int K, int N);

@@ -2,6 +2,7 @@
 // device, and --device cuda is a clear error, so no call site needs an #ifdef.
 #include "core/error.h"
 #include "kernels/cuda/cuda_device.h"
+#include "kernels/cuda/cuda_paths.h"
 #include "kernels/ops.h"
 #include "kernels/registry.h"
 
@@ -31,3 +32,49 @@ std::unique_ptr<Ops> makeCudaOps() {
 }
 
 }  // namespace ptllm
+
+// The raw kernels of cuda_paths.h (benchmarks and GPU tests call them directly): without the
+// backend there is no device memory to hand them, so each one is the same clear error.
+namespace ptllm::cuda {
+
+namespace {
+[[noreturn]] void unavailable(const char* what) {
+  fail("{}: {}", what, cudaDeviceInfo().reason);
+}
+}  // namespace
+
+bool packF16(void*, const float*, int, int) {
+  unavailable("cuda::packF16");
+}
+bool packBf16(void*, const float*, int, int) {
+  unavailable("cuda::packBf16");
+}
+bool packFp8(void*, const float*, int, int) {
+  unavailable("cuda::packFp8");
+}
+bool packF16Truncated(void*, const float*, int, int) {
+  unavailable("cuda::packF16Truncated");
+}
+void matmulF16(float*, const float*, const void*, const float*, int, int, int) {
+  unavailable("cuda::matmulF16");
+}
+void matmulBf16(float*, const float*, const void*, const float*, int, int, int) {
+  unavailable("cuda::matmulBf16");
+}
+void matmulFp8(float*, const float*, const void*, const float*, int, int, int) {
+  unavailable("cuda::matmulFp8");
+}
+void matmulTensorCoreF16(float*, const float*, const void*, const float*, int, int, int) {
+  unavailable("cuda::matmulTensorCoreF16");
+}
+void gemmF16TensorCore(float*, const void*, const void*, int, int, int) {
+  unavailable("cuda::gemmF16TensorCore");
+}
+void matmulCublasLtF16(float*, const float*, const void*, const float*, int, int, int) {
+  unavailable("cuda::matmulCublasLtF16");
+}
+void gemmF16CublasLt(float*, const void*, const void*, int, int, int) {
+  unavailable("cuda::gemmF16CublasLt");
+}
+
+}  // namespace ptllm::cuda

@@ -315,16 +315,6 @@ bool pack(void* dst, const float* w, int K, int N) {
 
 }  // namespace
 
-int paddedK(int K) {
-  return (K + 63) / 64 * 64;
-}
-size_t f16PackedBytes(int K, int N) {
-  return size_t(N) * size_t(paddedK(K)) * 2;
-}
-size_t fp8PackedBytes(int K, int N) {
-  return size_t(N) * size_t(paddedK(K)) + size_t(N) * sizeof(float);
-}
-
 bool packF16(void* dst, const float* w, int K, int N) {
   return pack<Fmt::F16>(dst, w, K, N);
 }
