@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <string>
 
+#include "app/caps_report.h"
 #include "app/commands.h"
 #include "app/engine.h"
 #include "gate/paths.h"
@@ -39,25 +40,7 @@ void runCaps(const GlobalOptions& g, bool json) {
   const std::vector<std::string> pills = set.activePills();
 
   if (json) {
-    nlohmann::json j;
-    j["capabilities"] = caps.toJson();
-    j["backend"] = ops->name();
-    j["paths_selection"] = sel.toString();
-    nlohmann::json paths = nlohmann::json::array();
-    for (size_t i = 0; i < results.size(); ++i) {
-      const PathEntry& e = set.entries()[i];
-      nlohmann::json pj = toJson(results[i]);
-      pj["pill"] = e.pill;
-      pj["device"] = deviceName(e.device);
-      pj["requires"] = e.requiredCaps;
-      pj["missing"] = caps.missing(e.requiredCaps);
-      paths.push_back(pj);
-    }
-    j["paths"] = paths;
-    j["pills"] = pills;
-    const PathEntry* fwd = set.forwardPath();
-    j["forward_path"] = fwd ? nlohmann::json(fwd->name) : nlohmann::json("f32");
-    std::printf("%s\n", j.dump(2).c_str());
+    std::printf("%s\n", capsReport(*ops, set).dump(2).c_str());
     return;
   }
 

@@ -2,6 +2,7 @@
 #include <chrono>
 #include <cstdio>
 
+#include "app/caps_report.h"
 #include "app/commands.h"
 #include "app/engine.h"
 #include "core/error.h"
@@ -46,8 +47,8 @@ void addSampleCommand(CLI::App& app, GlobalOptions& g) {
     model.prepareForInference();
     const double warm =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    std::fprintf(stderr, "inference warmed up in %.1fs%s — ready to generate.\n", warm,
-                 engine.paths->statusClause().c_str());
+    // The path inference really runs on: the model-level gates may have demoted it.
+    std::fprintf(stderr, "%s\n", statusLine(warm, model.fastPath(false)).c_str());
     std::fputs(a->prompt.c_str(), stdout);
     Generator gen(model);
     gen.generate(prompt, a->s, [&](int32_t t) {
