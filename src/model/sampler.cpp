@@ -2,10 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <numeric>
 
 #include "core/error.h"
+#include "gate/paths.h"
 
 namespace ptllm {
 
@@ -88,7 +88,7 @@ void Generator::checkDrift(int generated) {
       "[ops] drift sentinel: {} drifted from f32 at token {} (top-1 {}, max|dlogit|={:.3g}, limit "
       "{:.3g}) — f32 for the rest of this run",
       path->name, generated, sameTop ? "agrees" : "differs", maxAbs, limit);
-  std::fprintf(stderr, "%s\n", sentinel_.line.c_str());
+  gateLog(sentinel_.line);
   model_.setPathUse(model_.pathAllowedInTraining(), false);
   model_.resetCache();
   model_.forwardCached(context_.data(), n, logits_.data());

@@ -2,12 +2,12 @@
 
 #include <chrono>
 #include <cmath>
-#include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "core/file_io.h"
+#include "gate/paths.h"
 #include "model/model_gate.h"
 
 namespace ptllm {
@@ -133,7 +133,7 @@ Trainer::Trainer(Ops& ops, TrainOptions opts) : ops_(ops), opts_(std::move(opts)
   if (!(opts_.lr > 0) || !std::isfinite(opts_.lr))
     fail("train: --lr must be > 0 (got {})", opts_.lr);
   if (opts_.warmup < 0) fail("train: --warmup must be >= 0 (got {})", opts_.warmup);
-  const std::string text = readTextFile(opts_.dataPath);
+  const std::string text = opts_.text.empty() ? readTextFile(opts_.dataPath) : opts_.text;
 
   if (!opts_.initPath.empty() && !model_) {
     LoadedModel lm = loadCheckpoint(ops_, opts_.initPath);
@@ -202,11 +202,10 @@ StepReport Trainer::step() {
     const double rel = lossGateRel(m, x_.data(), y_.data(), B, T, &ref, &fast);
     if (!(rel < 0.001)) {
       m.setPathUse(false, m.pathAllowedInInference());
-      std::fprintf(
-          stderr,
-          "[ops] %s loss gate at step %d: loss f32=%.6f, fast=%.6f, rel diff=%.4f%% (limit "
-          "0.100%%) — FAIL — the training forward stays f32\n",
-          m.lastLinearPath().c_str(), step_, ref, fast, 100 * rel);
+      gateLog(fmt::format(
+          "[ops] {} loss gate at step {}: loss f32={:.6f}, fast={:.6f}, rel diff={:.4f}% (limit "
+          "0.100%) — FAIL — the training forward stays f32",
+          m.lastLinearPath(), step_, ref, fast, 100 * rel));
       m.invalidatePackedWeights();
     }
   }

@@ -20,6 +20,9 @@ namespace ptllm {
 
 struct TrainOptions {
   std::string dataPath;
+  // The data itself, when it comes from memory (the playground's fine-tune): used instead of
+  // reading dataPath, which then only names it in messages.
+  std::string text;
   std::string outPath;
   std::string initPath;    // fine-tune from this checkpoint (its config and tokenizer)
   std::string resumePath;  // continue exactly from this checkpoint + its optimizer state
