@@ -17,14 +17,15 @@ run: build
 	$(BUILD)/ptllm sample --prompt "ROMEO:" --tokens 500
 
 test: build
+	scripts/install-deps.sh --tests
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 	$(MAKE) test-tsan
 
 # The gate runs on a background thread: its tests also run under ThreadSanitizer.
 test-tsan: deps
 	cmake -S . -B $(BUILD)-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPTLLM_SANITIZE=thread -DPTLLM_CUDA=OFF
-	cmake --build $(BUILD)-tsan -j $(JOBS) --target test_gate test_thread_pool
-	cd $(BUILD)-tsan && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" ctest --output-on-failure -j $(JOBS) -R "^(Gate|PathSet|PathSelectionParse|ThreadPool)"
+	cmake --build $(BUILD)-tsan -j $(JOBS) --target test_gate test_thread_pool test_serve
+	cd $(BUILD)-tsan && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" ctest --output-on-failure -j $(JOBS) -R "^(Gate|PathSet|PathSelectionParse|ThreadPool|Serve)\."
 
 bench: build
 	scripts/install-deps.sh --peers

@@ -1,7 +1,14 @@
 #!/usr/bin/env bash
-# Installs the Debian packages the build and tests need (only those missing). Root or sudo.
+# Installs the Debian packages the build needs (only those missing). Root or sudo.
+#   --tests: also what the browser tests need; --peers: also the benchmark peers.
 set -euo pipefail
 PKGS=(cmake g++ make pkg-config libhwy-dev nlohmann-json3-dev libcli11-dev libfmt-dev libgtest-dev libcpp-httplib-dev)
+if [[ "${1:-}" == "--tests" ]]; then
+  # The playground's browser and load tests (tests/web): Debian's Chromium driven by
+  # playwright-core under Node.js (the machine's own Node.js when it has one).
+  PKGS+=(chromium)
+  command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1 || PKGS+=(nodejs npm)
+fi
 if [[ "${1:-}" == "--peers" ]]; then
   # For bench/: PyTorch CPU and OpenBLAS peers (see ../shared/peers/README.md).
   PKGS+=(python3 python3-torch python3-numpy libopenblas-dev gcc)

@@ -27,6 +27,7 @@ void addInfoCommand(CLI::App& app, GlobalOptions& g);
 void addCapsCommand(CLI::App& app, GlobalOptions& g);
 void addGateCommand(CLI::App& app, GlobalOptions& g);
 void addBenchCommand(CLI::App& app, GlobalOptions& g);
+void addServeCommand(CLI::App& app, GlobalOptions& g);
 void addCudaBenchSubcommand(CLI::App* bench, GlobalOptions& g);  // `bench cuda`
 
 }  // namespace ptllm::app

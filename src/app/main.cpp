@@ -28,6 +28,7 @@ int main(int argc, char** argv) {
   ptllm::app::addCapsCommand(app, g);
   ptllm::app::addGateCommand(app, g);
   ptllm::app::addBenchCommand(app, g);
+  ptllm::app::addServeCommand(app, g);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
