@@ -25,7 +25,7 @@ test: build
 test-tsan: deps
 	cmake -S . -B $(BUILD)-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPTLLM_SANITIZE=thread -DPTLLM_CUDA=OFF
 	cmake --build $(BUILD)-tsan -j $(JOBS) --target test_gate test_thread_pool test_serve
-	cd $(BUILD)-tsan && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" ctest --output-on-failure -j $(JOBS) -R "^(Gate|PathSet|PathSelectionParse|ThreadPool|Serve)\."
+	cd $(BUILD)-tsan && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$(CURDIR)/tests/tsan.supp" ctest --output-on-failure -j $(JOBS) -R "^(Gate|PathSet|PathSelectionParse|ThreadPool|Serve)\."
 
 bench: build
 	scripts/install-deps.sh --peers

@@ -526,17 +526,18 @@ TEST_F(Serve, ConcurrentClientsAreAllServed) {
 
 TEST_F(Serve, ShutdownWithOpenStreamsDoesNotHang) {
   auto s = std::make_unique<Server>(model_);
+  // The clients are made here: the threads must not touch `s`, which is destroyed under them.
+  auto sseClient = s->client();
+  auto genClient = s->client();
   std::atomic<bool> open{false};
   std::thread sse([&] {
-    auto c = s->client();
-    c.Get("/api/events", [&](const char*, size_t) {
+    sseClient.Get("/api/events", [&](const char*, size_t) {
       open = true;
       return true;
     });
   });
   std::thread gen([&] {
-    auto c = s->client();
-    postJson(c, "/api/generate", R"({"prompt":"the ","tokens":2000,"stream":true})");
+    postJson(genClient, "/api/generate", R"({"prompt":"the ","tokens":2000,"stream":true})");
   });
   for (int i = 0; i < 200 && !open; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   ASSERT_TRUE(open);
