@@ -27,7 +27,7 @@ run() {
   run $BIN --device cuda --paths f32 $SAMPLE
   run $BIN --device cuda --paths f32 $SAMPLE --no-fused-step
   run $BIN --device cpu bench sample $BUNDLED --tokens 200
-  run env PYTHONUNBUFFERED=1 $PY "$HERE/torch_cuda_peer.py"
+  run env -u LD_LIBRARY_PATH PYTHONUNBUFFERED=1 $PY "$HERE/torch_cuda_peer.py"
   run $BIN --device cuda bench cuda
 } 2>&1 | tee "$LOG"
 {
