@@ -48,6 +48,10 @@ def main():
             if r.get("peer") == "ptllm" and r.get("mode") == "gemv" and r.get("K") == n \
                     and r["path"] not in ("f16-storage",):
                 out.append(f"    {r['path']:<16} gate={r['gate']:<9} {float(r['gbs']):7.0f} GB/s  {r['us']} us")
+        for r in rows:
+            if r.get("peer") == "ptllm" and r.get("mode") == "gemv_variant" and r.get("K") == n:
+                out.append(f"    f16 schedule {r['variant']:<18} bit_identical={r['bit_identical']} "
+                           f"{float(r['gbs']):7.0f} GB/s  {r['us']} us")
     g = pick(rows, peer="ptllm", mode="gemm")
     tg = pick(rows, peer="torch", mode="gemm")
     if g:
@@ -62,8 +66,13 @@ def main():
     for s in samples:
         if ts:
             ratio = float(s["tok_s"]) / float(ts["tok_s"])
-            out.append(f"decode bundled config, path={s.get('path')} device={s.get('device', '?')}: "
-                       f"{float(s['tok_s']):.0f} tok/s vs torch generate {float(ts['tok_s']):.0f} "
+            form = ""
+            if s.get("device") == "cuda":
+                fused = int(s.get("fused_blocks", "0"))
+                form = f" step={'fused x' + str(fused) + ' blocks' if fused else 'op kernels'}"
+            us = f" ({float(s['us_token']):.1f} us/token)" if "us_token" in s else ""
+            out.append(f"decode bundled config, path={s.get('path')} device={s.get('device', '?')}{form}: "
+                       f"{float(s['tok_s']):.0f} tok/s{us} vs torch generate {float(ts['tok_s']):.0f} "
                        f"tok/s: {ratio:.1f}x  [goal >= 20x: {'met' if ratio >= 20 else 'NOT met'}]")
     print("\n".join(out))
 

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Side-by-side GPU benchmark: ptllm against PyTorch (bench/torch_cuda_peer.py) on the same GPU in
-# one run. Prints the raw peer= lines, then the ratios (bench/compare_cuda.py).
+# one run. Prints the raw peer= lines, then the ratios (bench/compare_cuda.py). A command that
+# fails is reported and the rest still run.
 #   bench/run_cuda_bench.sh [OUTFILE]      env: BIN (default build/ptllm), PY (default python3)
-set -euo pipefail
+set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/.." && pwd)
 BIN=${BIN:-$ROOT/build/ptllm}
@@ -11,13 +12,23 @@ OUT=${1:-$ROOT/bench/results/cuda-$(date -u +%Y%m%d-%H%M).txt}
 mkdir -p "$(dirname "$OUT")"
 LOG=$(mktemp /tmp/ptllm-cuda-bench.XXXXXX)
 BUNDLED="--n-layer 4 --n-head 4 --n-embd 256 --block-size 256"
+SAMPLE="bench sample $BUNDLED --tokens 200 --repeats 5"
+run() {
+  echo "# \$ $*"
+  "$@" || echo "# FAILED (exit $?): $*"
+}
 {
   echo "# $(date -u) $(nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader 2>/dev/null || echo '?')"
-  $BIN --device cuda bench cuda
-  $BIN --device cuda bench sample $BUNDLED --tokens 200
-  $BIN --device cuda --paths f32 bench sample $BUNDLED --tokens 200
-  $BIN --device cpu bench sample $BUNDLED --tokens 200
-  PYTHONUNBUFFERED=1 $PY "$HERE/torch_cuda_peer.py"
+  # Decode first (the issue's goal): the fused step at the default and the largest cluster,
+  # the op kernels recorded per step (the previous form), the f32 path, the CPU.
+  run $BIN --device cuda $SAMPLE
+  run $BIN --device cuda $SAMPLE --decode-cluster 16
+  run $BIN --device cuda $SAMPLE --no-fused-step
+  run $BIN --device cuda --paths f32 $SAMPLE
+  run $BIN --device cuda --paths f32 $SAMPLE --no-fused-step
+  run $BIN --device cpu bench sample $BUNDLED --tokens 200
+  run env -u LD_LIBRARY_PATH PYTHONUNBUFFERED=1 $PY "$HERE/torch_cuda_peer.py"
+  run $BIN --device cuda bench cuda
 } 2>&1 | tee "$LOG"
 {
   cat "$LOG"

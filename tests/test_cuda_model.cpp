@@ -79,9 +79,9 @@ TEST_F(CudaModel, EveryPassingGpuPathGivesTheGpuF32Text) {
   EXPECT_TRUE(probe.isActive("f16-storage"));
 }
 
-// The recorded decode step (one graph launch per token) computes exactly what the op-by-op step
-// does: the same kernels on the same data, so every step's logits are bit-identical, on f32
-// and on the active fast path.
+// The recorded decode step (one graph launch per token: the fused step, decode_step.cu) computes
+// exactly what the op-by-op step does, so every step's logits are bit-identical, on f32 and on
+// the active fast path.
 TEST_F(CudaModel, StepGraphDecodeEqualsOpByOpDecode) {
   for (const char* paths : {"f32", "auto"}) {
     SCOPED_TRACE(paths);
@@ -103,6 +103,7 @@ TEST_F(CudaModel, StepGraphDecodeEqualsOpByOpDecode) {
             int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
         m.forwardCached(&tok, 1, logits.data());
         EXPECT_EQ(m.usedStepGraph(), graphs);
+        EXPECT_EQ(m.usedFusedStep() > 0, graphs);  // f32 and f16-storage both run fused
         all.push_back(logits);
       }
       return all;

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/error.h"
@@ -210,6 +211,48 @@ TEST_F(CudaPaths, Fp8KernelEqualsTheReferenceOnTheStoredWeights) {
     ASSERT_TRUE(test::allFinite(got.data(), got.size()));
     EXPECT_LT(test::worstRatio(got.data(), want.data(), got.size(), 1e-5 * std::sqrt(s.K), 1e-4),
               1.0);
+  }
+}
+
+// The benchmark's M = 1 GEMV schedules compute matmulF16's arithmetic: bit for bit equal to it
+// (outputs poisoned first), over K and N tails, K past one round of loads per lane, and N not a
+// multiple of any block's columns.
+TEST_F(CudaPaths, GemvVariantsEqualMatmulF16BitForBit) {
+  ASSERT_GE(cuda::gemvF16VariantCount(), 2);
+  uint64_t seed = 400;
+  for (auto [K, N] : {std::pair{1, 1},
+                      {7, 3},
+                      {64, 61},
+                      {256, 768},
+                      {1024, 256},
+                      {1031, 17},
+                      {4096, 512},
+                      {16384, 67},
+                      {33, 2053}}) {
+    SCOPED_TRACE(::testing::Message() << "K=" << K << " N=" << N);
+    const auto in = test::randomVector(size_t(K), ++seed);
+    const auto w = test::randomVector(size_t(K) * N, ++seed, -0.2f, 0.2f);
+    const auto bias = test::randomVector(size_t(N), ++seed);
+    Tensor dIn = ops->alloc({K}), dW = ops->alloc({K, N}), dB = ops->alloc({N}),
+           dOut = ops->alloc({N});
+    ops->upload(dIn, in.data());
+    ops->upload(dW, w.data());
+    ops->upload(dB, bias.data());
+    auto packed = ops->allocBytes(cuda::f16PackedBytes(K, N));
+    ASSERT_TRUE(cuda::packF16(packed->ptr, dW.data(), K, N));
+    ops->fill(dOut.data(), std::nanf(""), N);
+    cuda::matmulF16(dOut.data(), dIn.data(), packed->ptr, dB.data(), 1, K, N);
+    std::vector<float> want(static_cast<size_t>(N)), got(static_cast<size_t>(N));
+    ops->download(want.data(), dOut);
+    ASSERT_TRUE(test::allFinite(want.data(), want.size()));
+    for (int v = 0; v < cuda::gemvF16VariantCount(); ++v) {
+      SCOPED_TRACE(cuda::gemvF16VariantName(v));
+      ops->fill(dOut.data(), std::nanf(""), N);
+      cuda::gemvF16Variant(v, dOut.data(), dIn.data(), packed->ptr, dB.data(), K, N);
+      ops->download(got.data(), dOut);
+      EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0)
+          << "max |diff| " << test::maxAbsDiff(got.data(), want.data(), got.size());
+    }
   }
 }
 

@@ -27,6 +27,10 @@ double since(Clock::time_point t0) {
 struct ModelArgs {
   ModelConfig cfg;
   int batch = 12, steps = 50, warmup = 3, tokens = 200;
+  // sample: timed generations (the median is reported); the decode step's form on a backend
+  // with step graphs (fused, or the op kernels recorded) and the fused launch's cluster size.
+  int repeats = 1, decodeCluster = 0;
+  bool fusedStep = true;
   ModelArgs() {
     cfg.nLayer = 4;
     cfg.nHead = 4;
@@ -87,6 +91,7 @@ void benchSample(const ModelArgs& a, const GlobalOptions& g) {
   Gpt2 m(*e.ops, a.cfg);
   m.initRandom(0);
   m.setPaths(e.paths.get());
+  m.setFusedSteps(a.fusedStep, a.decodeCluster);
   m.prepareForInference();
   Generator gen(m);
   SampleOptions o;
@@ -95,15 +100,21 @@ void benchSample(const ModelArgs& a, const GlobalOptions& g) {
   o.tokens = std::min(5, a.tokens);
   gen.generate(prompt, o);  // warm-up, as the peer does
   o.tokens = a.tokens;
-  const auto t0 = Clock::now();
-  gen.generate(prompt, o);
-  const double secs = since(t0);
+  std::vector<double> secs;
+  for (int r = 0; r < std::max(1, a.repeats); ++r) {
+    const auto t0 = Clock::now();
+    gen.generate(prompt, o);
+    secs.push_back(since(t0));
+  }
+  std::sort(secs.begin(), secs.end());
+  const double med = secs[secs.size() / 2];
   std::printf(
       "peer=ptllm mode=sample device=%s n_layer=%d n_head=%d n_embd=%d block=%d threads=%d "
-      "path=%s step_graph=%d params=%lld tokens=%d secs=%.4f tok_s=%.2f\n",
+      "path=%s step_graph=%d fused_blocks=%d params=%lld tokens=%d repeats=%zu secs=%.4f "
+      "secs_min=%.4f us_token=%.1f tok_s=%.2f\n",
       e.ops->name(), a.cfg.nLayer, a.cfg.nHead, a.cfg.nEmbd, a.cfg.blockSize, threadCount(),
-      pathName(m).c_str(), int(m.usedStepGraph()),
-      (long long)m.numParams(), a.tokens, secs, a.tokens / secs);
+      pathName(m).c_str(), int(m.usedStepGraph()), m.usedFusedStep(), (long long)m.numParams(),
+      a.tokens, secs.size(), med, secs.front(), med / a.tokens * 1e6, a.tokens / med);
 }
 
 // Median seconds of fn over `iters` calls after 3 warm-ups.
@@ -196,6 +207,14 @@ void addBenchCommand(CLI::App& app, GlobalOptions& g) {
   auto* sample = cmd->add_subcommand("sample", "greedy sampling tokens/s with the KV cache");
   addModelOptions(sample, *a);
   sample->add_option("--tokens", a->tokens)->capture_default_str();
+  sample->add_option("--repeats", a->repeats, "timed generations; the median is reported")
+      ->capture_default_str();
+  sample->add_flag("!--no-fused-step", a->fusedStep,
+                   "record the op kernels per decode step instead of the fused launch");
+  sample
+      ->add_option("--decode-cluster", a->decodeCluster,
+                   "blocks of the fused decode launch (0: the backend's choice)")
+      ->capture_default_str();
   sample->callback([a, &g] {
     g.apply();
     benchSample(*a, g);

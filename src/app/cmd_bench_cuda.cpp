@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <vector>
 
 #include "app/commands.h"
@@ -37,6 +38,35 @@ void benchCopy(Ops& ops, int iters) {
       iters);
   std::printf("peer=ptllm mode=copy bytes=%zu ms=%.4f gbs=%.1f\n", bytes, ms,
               2.0 * double(bytes) / ms / 1e6);  // read + write
+}
+
+// The f16-storage GEMV's other schedules (cuda::gemvF16Variant: bit-identical arithmetic) on
+// the same rotating weights; each is checked bit for bit against matmulF16 first.
+void benchGemvVariants(Ops& ops, Tensor& y, const Tensor& x, const Tensor& bias,
+                       const std::vector<std::shared_ptr<Buffer>>& packed, int K, int N,
+                       int iters) {
+  const int copies = int(packed.size());
+  std::vector<float> want(static_cast<size_t>(N)), got(static_cast<size_t>(N));
+  cuda::matmulF16(y.data(), x.data(), packed[0]->ptr, bias.data(), 1, K, N);
+  ops.download(want.data(), y);
+  for (int v = 0; v < cuda::gemvF16VariantCount(); ++v) {
+    ops.fill(y.data(), std::nanf(""), N);
+    cuda::gemvF16Variant(v, y.data(), x.data(), packed[0]->ptr, bias.data(), K, N);
+    ops.download(got.data(), y);
+    const bool same = std::memcmp(got.data(), want.data(), got.size() * sizeof(float)) == 0;
+    int i = 0;
+    const double ms = cudaMedianMs(
+        [&] {
+          cuda::gemvF16Variant(v, y.data(), x.data(), packed[size_t(i++ % copies)]->ptr,
+                               bias.data(), K, N);
+        },
+        iters);
+    const size_t bytes = cuda::f16PackedBytes(K, N);
+    std::printf(
+        "peer=ptllm mode=gemv_variant variant=%s bit_identical=%d K=%d N=%d copies=%d us=%.2f "
+        "gbs=%.1f\n",
+        cuda::gemvF16VariantName(v), int(same), K, N, copies, ms * 1e3, double(bytes) / ms / 1e6);
+  }
 }
 
 // One M=1 matmul per path, rotating over enough weight copies (>= 1 GiB of packed weights)
@@ -89,6 +119,7 @@ void benchGemv(Ops& ops, PathSet& paths, int K, int N, int iters) {
         "peer=ptllm mode=gemv path=%s gate=%s K=%d N=%d copies=%d us=%.2f weight_bytes=%zu "
         "gbs=%.1f\n",
         c.name.c_str(), verdict.c_str(), K, N, copies, ms * 1e3, bytes, double(bytes) / ms / 1e6);
+    if (c.name == "f16-storage") benchGemvVariants(ops, y, x, bias, packed, K, N, iters);
   }
 }
 

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "core/error.h"
 #include "core/tensor.h"
@@ -119,6 +120,37 @@ class Ops {
                              const int32_t* /*step*/) {
     noStepGraphs();
   }
+
+  // ---- the whole decode step in one launch (optional: CUDA) ----
+  // One linear layer of the step: the canonical f32 weight w[K,N], or the packed copy of a path
+  // whose M = 1 product the fused step reproduces bit for bit (PathEntry::fusedDecode).
+  struct DecodeLinear {
+    const void* w = nullptr;
+    const float* b = nullptr;  // [N]
+    bool f16Storage = false;   // w is the CUDA f16-storage pack [N][Kp], not f32 [K,N]
+  };
+  struct DecodeLayer {
+    const float *ln1w = nullptr, *ln1b = nullptr, *ln2w = nullptr, *ln2b = nullptr;  // [C]
+    DecodeLinear attn, proj, fc, fcProj;  // [C,3C], [C,C], [C,4C], [4C,C]
+    float* cache = nullptr;               // [maxT, 3C]: row step[1] written, rows up to it read
+  };
+  struct DecodeStepArgs {
+    int C = 0, NH = 0, V = 0, maxT = 0;
+    std::vector<DecodeLayer> layers;
+    const float *wte = nullptr, *wpe = nullptr, *lnfw = nullptr, *lnfb = nullptr;
+    const int32_t* step = nullptr;  // [token, pos] in device memory
+    // Scratch: the residual x[C] (left holding the last block's output), y[C], h[4C] and
+    // att[NH, maxT] as attentionStep leaves them; logits[V] is the step's output.
+    float *x = nullptr, *y = nullptr, *h = nullptr, *att = nullptr, *logits = nullptr;
+    int clusterBlocks = 0;  // blocks of the launch; 0: the backend's choice (benchmarks vary it)
+  };
+  // Enqueues the whole one-token step of a GPT-2 — embeddingStep; per layer LayerNorm, the qkv
+  // linear, attentionStep, the projection plus the residual, LayerNorm, the MLP linear, GELU,
+  // its projection plus the residual; the final LayerNorm and the tied head (matmulAbt) — in
+  // one launch, each element computed in the same order as those ops compute it, so the logits
+  // are bit-identical to the op-by-op step. Returns the blocks it launched with, or 0 (nothing
+  // enqueued) when the backend has no fused step or these shapes are outside its limits.
+  virtual int decodeStepFused(const DecodeStepArgs& /*args*/) { return 0; }
 
   // ---- optimiser ----
   // Sum of squares of x[n] in double (for gradient-norm clipping).

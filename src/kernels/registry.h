@@ -61,6 +61,10 @@ struct PathEntry {
   std::vector<GateShape> gateShapes{{64, 128, 128}};  // the spec's shape first
   std::vector<GateProbe> gateProbes;                  // range-stress probes (may be empty)
   GateThresholds thresholds;
+  // The backend's fused decode step (Ops::decodeStepFused) computes this path's M = 1 product
+  // bit for bit from the packed weight (the CUDA f16-storage GEMV), so a step on this path may
+  // run fused.
+  bool fusedDecode = false;
 };
 
 // The standard probe set a storage-precision path should carry (see gate/gate.h).

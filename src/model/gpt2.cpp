@@ -425,6 +425,7 @@ void Gpt2::forwardCached(const int32_t* tokens, int n, float* logitsOut) {
       fail("token id {} outside the vocabulary of {}", tokens[i], cfg_.vocabSize);
   ensureCache();
   usedStepGraph_ = false;
+  usedFusedStep_ = 0;
   if (n == 1 && stepGraphsOn_ && !stepGraphsBroken_ && ops_.supportsStepGraphs() &&
       decodeWithStepGraph(tokens[0], logitsOut))
     return;
@@ -462,10 +463,21 @@ bool Gpt2::decodeWithStepGraph(int32_t token, float* logitsOut) {
   const PathEntry* path = fastPath(false);
   auto it = stepGraphs_.find(path);
   if (it == stepGraphs_.end()) {
+    // The fused step where it may run; if recording it fails, the op-by-op kernels (recorded);
+    // if that fails too, op by op from now on. Each fallback says so once.
+    const bool fused = fusedStepsOn_ && !fusedStepsBroken_ && (!path || path->fusedDecode);
     try {
-      recordDecodeStep(path);
+      try {
+        recordDecodeStep(path, fused);
+      } catch (const std::exception& ex) {
+        if (!fused) throw;
+        fusedStepsBroken_ = true;
+        std::fprintf(stderr, "[ops] fused decode step unavailable (%s): recording the op kernels\n",
+                     ex.what());
+        recordDecodeStep(path, false);
+      }
     } catch (const std::exception& ex) {
-      stepGraphsBroken_ = true;  // run op by op from now on; say so once
+      stepGraphsBroken_ = true;
       std::fprintf(stderr, "[ops] decode step graph unavailable (%s): running op by op\n",
                    ex.what());
       return false;
@@ -473,46 +485,76 @@ bool Gpt2::decodeWithStepGraph(int32_t token, float* logitsOut) {
     it = stepGraphs_.find(path);
   }
   ops_.setDecodeStep(static_cast<int32_t*>(stepIds_->ptr), token, cachePos_);
-  it->second->replay();
+  it->second.graph->replay();
   ops_.download(logitsOut, inferActs_->logits);
   cachePos_ += 1;
   usedStepGraph_ = true;
+  usedFusedStep_ = it->second.fusedBlocks;
   lastLinearPath_ = path ? path->name : "f32";
   return true;
 }
 
+// The fused step's arguments: the same buffers the op-by-op step uses, each linear's weight as
+// linear() would pick it (the path's pack, or f32 where the matrix is ineligible).
+Ops::DecodeStepArgs Gpt2::fusedStepArgs(const PathEntry* path) {
+  Acts& a = *inferActs_;
+  Ops::DecodeStepArgs args;
+  args.C = cfg_.nEmbd;
+  args.NH = cfg_.nHead;
+  args.V = cfg_.vocabSize;
+  args.maxT = cfg_.blockSize;
+  auto lin = [&](Linear& l) {
+    Ops::DecodeLinear d;
+    d.b = param(*l.b);
+    const bool packed = path && path->prepare && !l.ineligible && l.packedFor == path;
+    d.w = packed ? l.packed->ptr : static_cast<const void*>(param(*l.w));
+    d.f16Storage = packed;
+    return d;
+  };
+  for (int l = 0; l < cfg_.nLayer; ++l) {
+    Layer& L = layers_[size_t(l)];
+    Ops::DecodeLayer d;
+    d.ln1w = param(*L.ln1w);
+    d.ln1b = param(*L.ln1b);
+    d.ln2w = param(*L.ln2w);
+    d.ln2b = param(*L.ln2b);
+    d.attn = lin(L.attn);
+    d.proj = lin(L.proj);
+    d.fc = lin(L.fc);
+    d.fcProj = lin(L.fcProj);
+    d.cache = kvCache_[size_t(l)].data();
+    args.layers.push_back(d);
+  }
+  args.wte = param(*wte_);
+  args.wpe = param(*wpe_);
+  args.lnfw = param(*lnfW_);
+  args.lnfb = param(*lnfB_);
+  args.step = static_cast<const int32_t*>(stepIds_->ptr);
+  args.x = a.encoded.data();
+  args.y = a.atty[0].data();
+  args.h = a.fch[0].data();
+  args.att = a.att[0].data();
+  args.logits = a.logits.data();
+  args.clusterBlocks = fusedClusterBlocks_;
+  return args;
+}
+
 // The one-token forward of forwardCached with the position read from the device: recorded, not
-// run. Weights are packed first (packing synchronises, which a recording cannot).
-void Gpt2::recordDecodeStep(const PathEntry* path) {
+// run — one fused launch when `fused` and the backend takes these shapes, else the op kernels.
+// Weights are packed first (packing synchronises, which a recording cannot).
+void Gpt2::recordDecodeStep(const PathEntry* path, bool fused) {
   if (path && path->prepare)
     for (auto& L : layers_)
       for (Linear* l : {&L.attn, &L.proj, &L.fc, &L.fcProj})
         if (l->packedFor != path && !l->ineligible) pack(*l, path);
-  const int C = cfg_.nEmbd, NH = cfg_.nHead, V = cfg_.vocabSize, T = cfg_.blockSize;
   if (!stepIds_) stepIds_ = ops_.allocBytes(2 * sizeof(int32_t));
-  if (stepQkv_.empty()) stepQkv_ = ops_.alloc({3 * C});
-  Acts& a = *inferActs_;
-  float *x = a.encoded.data(), *ln = a.ln1[0].data(), *y = a.atty[0].data();
-  float *proj = a.attProj[0].data(), *h = a.fch[0].data(), *qkv = stepQkv_.data();
-  const int32_t* step = static_cast<const int32_t*>(stepIds_->ptr);
+  if (stepQkv_.empty()) stepQkv_ = ops_.alloc({3 * cfg_.nEmbd});
+  const Ops::DecodeStepArgs args = fused ? fusedStepArgs(path) : Ops::DecodeStepArgs{};
+  int fusedBlocks = 0;
   ops_.beginStepCapture();
   try {
-    ops_.embeddingStep(x, step, param(*wte_), param(*wpe_), C);
-    for (int l = 0; l < cfg_.nLayer; ++l) {
-      Layer& L = layers_[size_t(l)];
-      ops_.layernormForward(ln, nullptr, nullptr, x, param(*L.ln1w), param(*L.ln1b), 1, C);
-      linear(L.attn, qkv, ln, 1, path);
-      ops_.attentionStep(y, a.att[0].data(), kvCache_[size_t(l)].data(), qkv, C, NH, T, step);
-      linear(L.proj, proj, y, 1, path);
-      ops_.add(x, x, proj, C);
-      ops_.layernormForward(ln, nullptr, nullptr, x, param(*L.ln2w), param(*L.ln2b), 1, C);
-      linear(L.fc, h, ln, 1, path);
-      ops_.geluForward(h, h, int64_t(4) * C);
-      linear(L.fcProj, proj, h, 1, path);
-      ops_.add(x, x, proj, C);
-    }
-    ops_.layernormForward(a.lnf.data(), nullptr, nullptr, x, param(*lnfW_), param(*lnfB_), 1, C);
-    ops_.matmulAbt(a.logits.data(), a.lnf.data(), param(*wte_), 1, C, V, false);
+    if (fused) fusedBlocks = ops_.decodeStepFused(args);
+    if (!fusedBlocks) recordOpSteps(path);
   } catch (...) {
     try {
       ops_.endStepCapture();  // leave capture mode; the partial recording is dropped
@@ -520,7 +562,32 @@ void Gpt2::recordDecodeStep(const PathEntry* path) {
     }
     throw;
   }
-  stepGraphs_[path] = ops_.endStepCapture();
+  stepGraphs_[path] = {ops_.endStepCapture(), fusedBlocks};
+}
+
+// The op-by-op one-token step (inside a capture).
+void Gpt2::recordOpSteps(const PathEntry* path) {
+  const int C = cfg_.nEmbd, NH = cfg_.nHead, V = cfg_.vocabSize, T = cfg_.blockSize;
+  Acts& a = *inferActs_;
+  float *x = a.encoded.data(), *ln = a.ln1[0].data(), *y = a.atty[0].data();
+  float *proj = a.attProj[0].data(), *h = a.fch[0].data(), *qkv = stepQkv_.data();
+  const int32_t* step = static_cast<const int32_t*>(stepIds_->ptr);
+  ops_.embeddingStep(x, step, param(*wte_), param(*wpe_), C);
+  for (int l = 0; l < cfg_.nLayer; ++l) {
+    Layer& L = layers_[size_t(l)];
+    ops_.layernormForward(ln, nullptr, nullptr, x, param(*L.ln1w), param(*L.ln1b), 1, C);
+    linear(L.attn, qkv, ln, 1, path);
+    ops_.attentionStep(y, a.att[0].data(), kvCache_[size_t(l)].data(), qkv, C, NH, T, step);
+    linear(L.proj, proj, y, 1, path);
+    ops_.add(x, x, proj, C);
+    ops_.layernormForward(ln, nullptr, nullptr, x, param(*L.ln2w), param(*L.ln2b), 1, C);
+    linear(L.fc, h, ln, 1, path);
+    ops_.geluForward(h, h, int64_t(4) * C);
+    linear(L.fcProj, proj, h, 1, path);
+    ops_.add(x, x, proj, C);
+  }
+  ops_.layernormForward(a.lnf.data(), nullptr, nullptr, x, param(*lnfW_), param(*lnfB_), 1, C);
+  ops_.matmulAbt(a.logits.data(), a.lnf.data(), param(*wte_), 1, C, V, false);
 }
 
 }  // namespace ptllm

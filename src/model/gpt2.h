@@ -118,6 +118,16 @@ class Gpt2 {
     stepGraphs_.clear();
   }
   bool usedStepGraph() const { return usedStepGraph_; }  // the last forwardCached replayed one
+  // A recorded step is one fused launch (Ops::decodeStepFused) where the backend has one and
+  // the path allows it (f32, or a path with PathEntry::fusedDecode); otherwise the op-by-op
+  // kernels. On by default. `clusterBlocks` 0: the backend's choice (benchmarks vary it).
+  void setFusedSteps(bool on, int clusterBlocks = 0) {
+    fusedStepsOn_ = on;
+    fusedClusterBlocks_ = clusterBlocks;
+    stepGraphs_.clear();
+  }
+  // Blocks of the fused launch the last forwardCached replayed (0: none, op-by-op kernels).
+  int usedFusedStep() const { return usedFusedStep_; }
 
  private:
   struct Linear;
@@ -130,7 +140,9 @@ class Gpt2 {
   void ensureActs(int B, int T);
   void ensureCache();
   bool decodeWithStepGraph(int32_t token, float* logitsOut);
-  void recordDecodeStep(const PathEntry* path);
+  void recordDecodeStep(const PathEntry* path, bool fused);
+  void recordOpSteps(const PathEntry* path);
+  Ops::DecodeStepArgs fusedStepArgs(const PathEntry* path);
 
   Ops& ops_;
   ModelConfig cfg_;
@@ -151,10 +163,16 @@ class Gpt2 {
   int cachePos_ = 0;
   // Step graphs: one recording per path (nullptr: f32), the step's [token, pos] on the device
   // and the new position's fused qkv row.
-  std::map<const PathEntry*, std::unique_ptr<Ops::StepGraph>> stepGraphs_;
+  struct StepRecording {
+    std::unique_ptr<Ops::StepGraph> graph;
+    int fusedBlocks = 0;  // 0: the op-by-op kernels were recorded
+  };
+  std::map<const PathEntry*, StepRecording> stepGraphs_;
   std::shared_ptr<Buffer> stepIds_;
   Tensor stepQkv_;
   bool stepGraphsOn_ = true, stepGraphsBroken_ = false, usedStepGraph_ = false;
+  bool fusedStepsOn_ = true, fusedStepsBroken_ = false;
+  int fusedClusterBlocks_ = 0, usedFusedStep_ = 0;
 };
 
 }  // namespace ptllm

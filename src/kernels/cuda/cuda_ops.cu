@@ -2,6 +2,7 @@
 // work is queued on cuda::stream(); the host waits only where it needs data (allocation,
 // download, sumSquares). Memory is plain cudaMalloc (never managed).
 #include <cstring>
+#include <mutex>
 
 #include "core/error.h"
 #include "kernels/cuda/cuda_common.cuh"
@@ -51,13 +52,15 @@ class CudaOps final : public Ops {
     if (!info.available) fail("--device cuda: {}", info.reason);
     PTLLM_CUDA_CHECK(cudaSetDevice(0));
     sms_ = info.multiprocessors;
-    cuda::stream();  // created now: errors surface at construction
+    cuda::stream();               // created now: errors surface at construction
+    cuda::decodeStepMaxBlocks();  // asked now, never inside a step capture
   }
   ~CudaOps() override {
     if (captureStream_) cudaStreamDestroy(captureStream_);
     if (captureReady_) cudaEventDestroy(captureReady_);
     if (stepCopied_) cudaEventDestroy(stepCopied_);
     if (pinnedStep_) cudaFreeHost(pinnedStep_);
+    if (pinnedDown_) cudaFreeHost(pinnedDown_);
   }
 
   Device device() const override { return Device::CUDA; }
@@ -83,6 +86,17 @@ class CudaOps final : public Ops {
   }
   void download(float* host, const Tensor& src) override {
     if (src.bytes() == 0) return;
+    if (src.bytes() <= kPinnedDownloadBytes) {
+      // Small reads (a decode step's logits) through page-locked staging: a true async copy,
+      // without the pageable path's extra staging on every token.
+      std::lock_guard<std::mutex> lock(pinnedDownMutex_);
+      if (!pinnedDown_) PTLLM_CUDA_CHECK(cudaMallocHost(&pinnedDown_, kPinnedDownloadBytes));
+      PTLLM_CUDA_CHECK(cudaMemcpyAsync(pinnedDown_, src.data(), src.bytes(), cudaMemcpyDeviceToHost,
+                                       cuda::stream()));
+      PTLLM_CUDA_CHECK(cudaStreamSynchronize(cuda::stream()));
+      std::memcpy(host, pinnedDown_, src.bytes());
+      return;
+    }
     PTLLM_CUDA_CHECK(
         cudaMemcpyAsync(host, src.data(), src.bytes(), cudaMemcpyDeviceToHost, cuda::stream()));
     PTLLM_CUDA_CHECK(cudaStreamSynchronize(cuda::stream()));
@@ -204,6 +218,7 @@ class CudaOps final : public Ops {
                      int maxT, const int32_t* step) override {
     cuda::launchAttentionStep(out, att, cache, qkvNew, C, NH, maxT, step);
   }
+  int decodeStepFused(const DecodeStepArgs& args) override { return cuda::launchDecodeStep(args); }
 
   double sumSquares(const float* x, int64_t n) override { return cuda::sumSquares(x, n, scratch_); }
   void scale(float* x, float s, int64_t n) override { cuda::launchScale(x, s, n); }
@@ -217,8 +232,11 @@ class CudaOps final : public Ops {
   cudaStream_t captureStream_ = nullptr;  // this object's step recordings
   cudaEvent_t captureReady_ = nullptr, stepCopied_ = nullptr;
   int32_t* pinnedStep_ = nullptr;  // setDecodeStep's staging (page-locked: a true async copy)
-  cuda::DeviceScratch scratch_;    // reductions' partial sums, attention backward's dscores
-  cuda::DeviceScratch ids_;        // token / target ids copied from the host
+  static constexpr size_t kPinnedDownloadBytes = size_t(64) << 10;
+  std::mutex pinnedDownMutex_;
+  void* pinnedDown_ = nullptr;   // download's staging for small reads
+  cuda::DeviceScratch scratch_;  // reductions' partial sums, attention backward's dscores
+  cuda::DeviceScratch ids_;      // token / target ids copied from the host
 };
 
 }  // namespace

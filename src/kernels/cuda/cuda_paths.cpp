@@ -47,6 +47,7 @@ std::vector<PathEntry> cudaPaths() {
   // The spec's path on its own hardware: half the weight bytes, f32 FFMA.
   paths.push_back(storageEntry("f16-storage", "+f16 storage", "f16-storage matmul",
                                "f16 path active", {"cuda"}, matmulF16, packF16, f16PackedBytes));
+  paths.back().fusedDecode = true;  // decode_step.cu repeats matmulF16's M = 1 arithmetic
   // bf16 keeps f32's range (no overflow refusals) with 3 fewer mantissa bits than f16.
   paths.push_back(storageEntry("bf16-storage", "+bf16 storage", "bf16-storage matmul",
                                "bf16 path active", {"cuda"}, matmulBf16, packBf16, f16PackedBytes));

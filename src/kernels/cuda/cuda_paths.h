@@ -29,6 +29,13 @@ bool packFp8(void* dst, const float* w, int K, int N);
 void matmulF16(float* out, const float* in, const void* w, const float* bias, int M, int K, int N);
 void matmulBf16(float* out, const float* in, const void* w, const float* bias, int M, int K, int N);
 void matmulFp8(float* out, const float* in, const void* w, const float* bias, int M, int K, int N);
+// Benchmark variants of matmulF16's M = 1 GEMV (out[N] = in[K] @ w + bias on packF16's layout):
+// the same arithmetic per column, so bit-identical to it, on other schedules (warps per block,
+// loads in flight, columns per warp, L2 hint, persistent grid). Variant 0 is matmulF16's.
+int gemvF16VariantCount();
+const char* gemvF16VariantName(int variant);
+void gemvF16Variant(int variant, float* out, const float* in, const void* w, const float* bias,
+                    int K, int N);
 // Test-only: packF16 that drops the low 6 mantissa bits (a plausible packing bug the gate
 // must catch). Never registered in the product.
 bool packF16Truncated(void* dst, const float* w, int K, int N);

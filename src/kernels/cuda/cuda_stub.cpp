@@ -64,6 +64,15 @@ void matmulBf16(float*, const float*, const void*, const float*, int, int, int) 
 void matmulFp8(float*, const float*, const void*, const float*, int, int, int) {
   unavailable("cuda::matmulFp8");
 }
+int gemvF16VariantCount() {
+  return 0;
+}
+const char* gemvF16VariantName(int) {
+  unavailable("cuda::gemvF16VariantName");
+}
+void gemvF16Variant(int, float*, const float*, const void*, const float*, int, int) {
+  unavailable("cuda::gemvF16Variant");
+}
 void matmulTensorCoreF16(float*, const float*, const void*, const float*, int, int, int) {
   unavailable("cuda::matmulTensorCoreF16");
 }

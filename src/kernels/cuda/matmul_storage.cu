@@ -11,70 +11,17 @@
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <mutex>
 
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_paths.h"
+#include "kernels/cuda/storage_formats.cuh"
 
 namespace ptllm::cuda {
 
 namespace {
-
-enum class Fmt { F16, BF16, FP8 };
-
-template <Fmt F>
-__host__ __device__ constexpr int elemBytes() {
-  return F == Fmt::FP8 ? 1 : 2;
-}
-// Elements in one 16-byte vector.
-template <Fmt F>
-__host__ __device__ constexpr int perVec() {
-  return 16 / elemBytes<F>();
-}
-
-// Widening without the conversion unit (quarter rate): the f16/e4m3 exponent-and-mantissa bits
-// are moved into an f32's, which reads them as 2^-112 (f16) or 2^-120 (e4m3) times the value,
-// subnormals included (they land on f32 denormals); one exact f32 multiply restores the scale.
-// Inf/NaN never reach here (the packs refuse or saturate them). bf16 is the high half of an
-// f32: a shift.
-__device__ inline float f16BitsToF32(uint32_t h) {  // h: 16 bits
-  const uint32_t bits = ((h & 0x7fffu) << 13) | ((h & 0x8000u) << 16);
-  return __uint_as_float(bits) * 0x1p112f;
-}
-__device__ inline float e4m3BitsToF32(uint32_t q) {  // q: 8 bits
-  const uint32_t bits = ((q & 0x7fu) << 20) | ((q & 0x80u) << 24);
-  return __uint_as_float(bits) * 0x1p120f;
-}
-
-template <Fmt F>
-__device__ inline void unpackVec(const uint4& v, float* f) {
-  const uint32_t words[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const uint32_t w = words[i];
-    if constexpr (F == Fmt::F16) {
-      f[2 * i] = f16BitsToF32(w & 0xffffu);
-      f[2 * i + 1] = f16BitsToF32(w >> 16);
-    } else if constexpr (F == Fmt::BF16) {
-      f[2 * i] = __uint_as_float(w << 16);
-      f[2 * i + 1] = __uint_as_float(w & 0xffff0000u);
-    } else {
-#pragma unroll
-      for (int j = 0; j < 4; ++j) f[4 * i + j] = e4m3BitsToF32((w >> (8 * j)) & 0xffu);
-    }
-  }
-}
-
-// A streamed weight load: read once per call, so keep it out of L1 and ask L2 for the whole
-// 256-byte sector group (the next lanes' bytes arrive with it).
-__device__ inline uint4 loadStreaming(const uint4* p) {
-  uint4 v;
-  asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];\n"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(p));
-  return v;
-}
 
 template <Fmt F>
 __device__ inline float loadElem(const unsigned char* row, int k) {
@@ -157,6 +104,107 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
     if (lane == 0 && m < M) out[size_t(m) * N + n] = fmaf(sum, s, b);
   }
 }
+
+// ---- M = 1 GEMV variants (benchmarks: which schedule streams 16384^2 fastest) ----
+// Each is gemvKernel<F16, 1>'s arithmetic: a warp per output column, lane l accumulating
+// vectors l, l+32, ... of the packed row in increasing order, elements in order, the butterfly
+// sum, fmaf(sum, 1, bias). Only the schedule differs: warps per block (WPB), loads in flight per
+// lane and column (U), columns per warp at once (CPW), the L2 prefetch hint, and a persistent
+// grid (as many blocks as fit, columns grid-strided) instead of one warp per column.
+__device__ inline uint4 loadStreamingNoHint(const uint4* p) {
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p));
+  return v;
+}
+
+template <int WPB, int U, int CPW, bool kHint, bool kPersistent>
+__global__ void __launch_bounds__(WPB * 32)
+    gemvF16VariantKernel(float* __restrict__ out, const float* __restrict__ in,
+                         const unsigned char* __restrict__ w, const float* __restrict__ bias, int K,
+                         int N, int Kp) {
+  constexpr int E = perVec<Fmt::F16>();
+  const int lane = threadIdx.x & 31;
+  const int gw = blockIdx.x * WPB + (threadIdx.x >> 5);
+  const int step = kPersistent ? gridDim.x * WPB * CPW : N;  // non-persistent: one round
+  const int nvec = Kp / E;
+  for (int n0 = gw * CPW; n0 < N; n0 += step) {
+    float acc[CPW];
+#pragma unroll
+    for (int c = 0; c < CPW; ++c) acc[c] = 0.f;
+    for (int v0 = lane; v0 < nvec; v0 += 32 * U) {
+      uint4 wv[CPW][U];
+#pragma unroll
+      for (int c = 0; c < CPW; ++c) {
+        const int n = n0 + c;
+        const uint4* row = reinterpret_cast<const uint4*>(w + size_t(n < N ? n : 0) * Kp * 2);
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          const int v = v0 + u * 32;
+          const bool ok = n < N && v < nvec;
+          wv[c][u] = ok ? (kHint ? loadStreaming(row + v) : loadStreamingNoHint(row + v))
+                        : make_uint4(0, 0, 0, 0);
+        }
+      }
+#pragma unroll
+      for (int c = 0; c < CPW; ++c) {
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          const int k0 = (v0 + u * 32) * E;
+          if (k0 >= K) continue;
+          float wf[E];
+          unpackVec<Fmt::F16>(wv[c][u], wf);
+#pragma unroll
+          for (int j = 0; j < E; ++j)
+            if (k0 + j < K) acc[c] = fmaf(__ldg(in + k0 + j), wf[j], acc[c]);
+        }
+      }
+    }
+#pragma unroll
+    for (int c = 0; c < CPW; ++c) {
+      const int n = n0 + c;
+      const float sum = warpSum(acc[c]);
+      if (lane == 0 && n < N) out[n] = fmaf(sum, 1.f, bias ? bias[n] : 0.f);
+    }
+  }
+}
+
+struct GemvVariant {
+  const char* name;
+  void (*launch)(float*, const float*, const unsigned char*, const float*, int, int, int);
+};
+
+template <int WPB, int U, int CPW, bool kHint, bool kPersistent>
+void launchGemvVariant(float* out, const float* in, const unsigned char* w, const float* bias,
+                       int K, int N, int Kp) {
+  auto kernel = gemvF16VariantKernel<WPB, U, CPW, kHint, kPersistent>;
+  const int cols = WPB * CPW;
+  unsigned blocks = ceilDiv(N, cols);
+  if constexpr (kPersistent) {
+    static const unsigned resident = [kernel] {  // asked once: not inside the timed calls
+      int perSm = 0, dev = 0, sms = 0;
+      PTLLM_CUDA_CHECK(cudaGetDevice(&dev));
+      PTLLM_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+      PTLLM_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&perSm, kernel, WPB * 32, 0));
+      return unsigned(std::max(1, perSm * sms));
+    }();
+    blocks = std::min(blocks, resident);
+  }
+  kernel<<<blocks, WPB * 32, 0, stream()>>>(out, in, w, bias, K, N, Kp);
+  PTLLM_CUDA_LAUNCH_CHECK();
+}
+
+const GemvVariant kGemvVariants[] = {
+    {"8w-u8-hint256", launchGemvVariant<8, 8, 1, true, false>},  // matmulF16's schedule
+    {"8w-u8-persistent", launchGemvVariant<8, 8, 1, true, true>},
+    {"4w-u8", launchGemvVariant<4, 8, 1, true, false>},
+    {"8w-u4-2col", launchGemvVariant<8, 4, 2, true, false>},
+    {"4w-u16", launchGemvVariant<4, 16, 1, true, false>},
+    {"8w-u8-nohint", launchGemvVariant<8, 8, 1, false, false>},
+    {"4w-u16-persistent", launchGemvVariant<4, 16, 1, true, true>},
+    {"16w-u8", launchGemvVariant<16, 8, 1, true, false>},
+};
 
 // ---- tiled: M > 8 ----
 constexpr int kTile = 64, kTileK = 32;
@@ -337,6 +385,18 @@ void matmulBf16(float* out, const float* in, const void* w, const float* bias, i
 }
 void matmulFp8(float* out, const float* in, const void* w, const float* bias, int M, int K, int N) {
   matmulStorage<Fmt::FP8>(out, in, w, bias, M, K, N);
+}
+
+int gemvF16VariantCount() {
+  return int(sizeof(kGemvVariants) / sizeof(kGemvVariants[0]));
+}
+const char* gemvF16VariantName(int v) {
+  return kGemvVariants[v].name;
+}
+void gemvF16Variant(int v, float* out, const float* in, const void* w, const float* bias, int K,
+                    int N) {
+  if (N <= 0) return;
+  kGemvVariants[v].launch(out, in, static_cast<const unsigned char*>(w), bias, K, N, paddedK(K));
 }
 
 }  // namespace ptllm::cuda

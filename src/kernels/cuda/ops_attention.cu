@@ -13,6 +13,7 @@
 #include <cstdint>
 
 #include "core/error.h"
+#include "kernels/cuda/attention_decode.cuh"
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_reduce.cuh"
 #include "kernels/cuda/ops_kernels.cuh"
@@ -195,78 +196,18 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// Decode (Tq == 1): one block per (head, batch) and all of it on the one query row — a thread
-// per key for the scores, a block-wide max-subtracted softmax, then warp w sums the values of
-// keys j = w (mod 8) with a lane per channel, and the 8 partial rows are added in order.
-constexpr int kDecodeMaxTk = 4096;  // scores kept in shared memory (16 KB)
-
-struct DecodeSmem {
-  float q[kMaxHs];
-  float s[kDecodeMaxTk];
-  float partial[kWarps][kMaxHs];
-  float red[32];
-};
-
-// The query row of head `h` at position Tk-1 over keys/values 0..Tk-1; `base` points at the
-// head's channels of row 0 of a [*, 3C] fused qkv (q | k | v).
-__device__ void decodeOneQuery(DecodeSmem& sm, float* out, float* attRow, const float* base,
-                               int64_t stride, int Tk, int C, int hs) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const float scale = 1.0f / sqrtf(float(hs));
-  for (int d = threadIdx.x; d < hs; d += kThreads) sm.q[d] = base[(Tk - 1) * stride + d];
-  __syncthreads();
-  float mx = -INFINITY;
-  for (int j = threadIdx.x; j < Tk; j += kThreads) {
-    const float* k = base + j * stride + C;
-    float dot = 0.0f;
-    for (int d = 0; d < hs; ++d) dot = fmaf(sm.q[d], k[d], dot);
-    sm.s[j] = scale * dot;
-    mx = fmaxf(mx, sm.s[j]);
-  }
-  mx = blockReduce(mx, MaxOp{}, -INFINITY, sm.red);
-  float sum = 0.0f;
-  for (int j = threadIdx.x; j < Tk; j += kThreads) {
-    const float e = expf(sm.s[j] - mx);
-    sm.s[j] = e;
-    sum += e;
-  }
-  const float inv = 1.0f / blockReduce(sum, SumOp{}, 0.0f, sm.red);
-  for (int j = threadIdx.x; j < Tk; j += kThreads) {
-    sm.s[j] *= inv;
-    attRow[j] = sm.s[j];
-  }
-  __syncthreads();
-  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  for (int j = warp; j < Tk; j += kWarps) {
-    const float* v = base + j * stride + 2 * C;
-    const float p = sm.s[j];
-#pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      const int d = lane + 32 * r;
-      if (d < hs) acc[r] = fmaf(p, v[d], acc[r]);
-    }
-  }
-#pragma unroll
-  for (int r = 0; r < 4; ++r) {
-    const int d = lane + 32 * r;
-    if (d < hs) sm.partial[warp][d] = acc[r];
-  }
-  __syncthreads();
-  for (int d = threadIdx.x; d < hs; d += kThreads) {
-    float o = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) o += sm.partial[w][d];
-    out[d] = o;
-  }
-}
+// Decode (Tq == 1): one block per (head, batch) and all of it on the one query row
+// (attention_decode.cuh, shared with the fused decode step).
+constexpr int kDecodeMaxTk = decode::kMaxTk;
+static_assert(decode::kThreads == kThreads && decode::kMaxHs == kMaxHs, "one block shape");
 
 __global__ void __launch_bounds__(kThreads)
     attentionDecodeKernel(float* out, float* att, const float* qkv, int Tk, int C, int NH) {
-  __shared__ DecodeSmem sm;
+  __shared__ decode::Smem sm;
   const int b = blockIdx.y, h = blockIdx.x, hs = C / NH;
   const int64_t stride = 3 * (int64_t)C;
-  decodeOneQuery(sm, out + (int64_t)b * C + h * hs, att + ((int64_t)b * NH + h) * Tk,
-                 qkv + (int64_t)b * Tk * stride + h * hs, stride, Tk, C, hs);
+  decode::query(sm, out + (int64_t)b * C + h * hs, att + ((int64_t)b * NH + h) * Tk,
+                qkv + (int64_t)b * Tk * stride + h * hs, stride, Tk, C, hs);
 }
 
 // The replayable decode step: the position comes from device memory (step[1]). Block h first
@@ -275,7 +216,7 @@ __global__ void __launch_bounds__(kThreads)
 __global__ void __launch_bounds__(kThreads)
     attentionStepKernel(float* out, float* att, float* cache, const float* qkvNew, int C, int NH,
                         int maxT, const int32_t* step) {
-  __shared__ DecodeSmem sm;
+  __shared__ decode::Smem sm;
   const int h = blockIdx.x, hs = C / NH, pos = step[1];
   const int64_t stride = 3 * (int64_t)C;
   for (int i = threadIdx.x; i < 3 * hs; i += kThreads) {
@@ -283,7 +224,7 @@ __global__ void __launch_bounds__(kThreads)
     cache[pos * stride + part * C + h * hs + d] = qkvNew[part * C + h * hs + d];
   }
   __syncthreads();  // the block's own stores are visible to it
-  decodeOneQuery(sm, out + h * hs, att + (int64_t)h * maxT, cache + h * hs, stride, pos + 1, C, hs);
+  decode::query(sm, out + h * hs, att + (int64_t)h * maxT, cache + h * hs, stride, pos + 1, C, hs);
 }
 
 void checkHeads(int C, int NH) {

@@ -7,6 +7,7 @@
 
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_reduce.cuh"
+#include "kernels/cuda/decode_math.cuh"
 #include "kernels/cuda/ops_kernels.cuh"
 
 namespace ptllm::cuda {
@@ -36,16 +37,11 @@ __global__ void scaleKernel(float* x, float s, int64_t n) {
   PTLLM_GRID_STRIDE(i, n) x[i] *= s;
 }
 
-// GELU, tanh approximation (kernels/ref/gelu.cpp), in f32 with the accurate tanhf.
-constexpr float kSqrt2OverPi = 0.7978845608028654f;
-constexpr float kGeluC = 0.044715f;
+// GELU, tanh approximation (decode_math.cuh: shared with the fused decode step).
+constexpr float kSqrt2OverPi = kGeluSqrt2OverPi;
 
 __global__ void geluForwardKernel(float* out, const float* in, int64_t n) {
-  PTLLM_GRID_STRIDE(i, n) {
-    const float x = in[i];
-    const float u = kSqrt2OverPi * (x + kGeluC * x * x * x);
-    out[i] = 0.5f * x * (1.0f + tanhf(u));
-  }
+  PTLLM_GRID_STRIDE(i, n) out[i] = geluTanh(in[i]);
 }
 
 __global__ void geluBackwardKernel(float* din, const float* in, const float* dout, int64_t n) {

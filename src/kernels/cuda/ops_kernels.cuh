@@ -6,6 +6,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/ops.h"
+
 namespace ptllm::cuda {
 
 // Device memory reused across calls, grown on demand (never shrinks). Reuse is safe without
@@ -81,5 +83,12 @@ void launchCrossEntropy(float* losses, float* dlogits, const float* logits,
                         DeviceScratch& idScratch);
 // Synchronises the stream: the host needs the value.
 double sumSquares(const float* x, int64_t n, DeviceScratch& scratch);
+
+// ---- decode_step.cu ----
+// Ops::decodeStepFused: the blocks launched, or 0 (nothing enqueued) outside its limits.
+int launchDecodeStep(const Ops::DecodeStepArgs& args);
+// The largest cluster the device co-schedules for the fused step (16 or 8; 0: none). Asked
+// once; CudaOps asks at construction so no capture has to.
+int decodeStepMaxBlocks();
 
 }  // namespace ptllm::cuda

@@ -4,6 +4,7 @@
 
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_reduce.cuh"
+#include "kernels/cuda/decode_math.cuh"
 #include "kernels/cuda/ops_kernels.cuh"
 
 namespace ptllm::cuda {
@@ -11,7 +12,8 @@ namespace {
 
 constexpr int kRowsPerBlock = 8;  // one warp per row
 
-// Two passes over the row (mean, then the centred variance), as the reference does.
+// Two passes over the row (mean, then the centred variance), as the reference does
+// (decode_math.cuh: shared with the fused decode step).
 __global__ void __launch_bounds__(32 * kRowsPerBlock)
     layernormForwardKernel(float* out, float* mean, float* rstd, const float* in, const float* w,
                            const float* b, int M, int C) {
@@ -19,17 +21,10 @@ __global__ void __launch_bounds__(32 * kRowsPerBlock)
   const int m = blockIdx.x * kRowsPerBlock + (threadIdx.x >> 5);
   if (m >= M) return;
   const float* x = in + (int64_t)m * C;
-  float s = 0.0f;
-  for (int c = lane; c < C; c += 32) s += x[c];
-  const float mu = warpSum(s) / C;
-  float q = 0.0f;
-  for (int c = lane; c < C; c += 32) {
-    const float d = x[c] - mu;
-    q = fmaf(d, d, q);
-  }
-  const float rs = 1.0f / sqrtf(warpSum(q) / C + 1e-5f);
+  float mu, rs;
+  layernormRowStats(x, C, lane, mu, rs);
   float* y = out + (int64_t)m * C;
-  for (int c = lane; c < C; c += 32) y[c] = (x[c] - mu) * rs * w[c] + b[c];
+  for (int c = lane; c < C; c += 32) y[c] = layernormApply(x[c], mu, rs, w[c], b[c]);
   if (lane == 0) {
     if (mean) mean[m] = mu;
     if (rstd) rstd[m] = rs;

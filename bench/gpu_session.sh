@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Everything one device call does on the lent GPU machine: build from scratch, every GPU test,
+# then the side-by-side bench. Logs under $OUT (the device tool brings back at most 8 files):
+# env.txt, build.log, tests.log, bench.txt (run_cuda_bench.sh's saved output), bench-console.log.
+# Without a GPU (a dry run) it builds, runs the GPU tests (they skip) and skips the bench.
+#   bench/gpu_session.sh     env: OUT (default /tmp/gpu-session), JOBS (default: all cores),
+#                            TEST_TIMEOUT (240 s), BENCH_TIMEOUT (200 s), DEPS (see below)
+set -uo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+OUT=${OUT:-/tmp/gpu-session}
+JOBS=${JOBS:-$(nproc)}
+mkdir -p "$OUT"
+cd "$ROOT"
+t0=$(date +%s)
+say() { echo "[$(($(date +%s) - t0))s] $*"; }
+{
+  date -u
+  uname -a
+  nvidia-smi 2>&1 | head -20
+  nvcc --version 2>&1 | tail -2
+  cmake --version 2>&1 | head -1
+  git log --oneline -1 2>/dev/null || true
+} > "$OUT/env.txt" 2>&1
+GEN=()
+command -v ninja > /dev/null && GEN=(-G Ninja)
+# DEPS: a folder holding the Debian packages' installed files (usr/...) for a machine without
+# them (the lent GPU image has none of scripts/install-deps.sh's packages); fallback/ holds
+# shared libraries they need that the machine may lack (brotli, OpenSSL 3), used only then.
+if [[ -n "${DEPS:-}" ]]; then
+  DEPS=$(cd "$DEPS" && pwd)
+  LIB=$DEPS/usr/lib/x86_64-linux-gnu
+  export LD_LIBRARY_PATH=$LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  for so in libssl.so.3 libcrypto.so.3 libbrotlienc.so.1 libbrotlidec.so.1 libz.so.1; do
+    if ! ldconfig -p | grep -q "$so"; then
+      echo "no $so here: using $DEPS/fallback" >> "$OUT/env.txt"
+      export LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$DEPS/fallback
+      break
+    fi
+  done
+  export PKG_CONFIG_SYSROOT_DIR=$DEPS PKG_CONFIG_LIBDIR=$LIB/pkgconfig
+  GEN+=(-DCMAKE_PREFIX_PATH="$DEPS/usr")
+  command -v pkg-config > /dev/null || GEN+=(-DPKG_CONFIG_EXECUTABLE="$DEPS/usr/bin/pkgconf")
+  echo "DEPS=$DEPS LD_LIBRARY_PATH=$LD_LIBRARY_PATH" >> "$OUT/env.txt"
+fi
+say "configure + build (-j$JOBS)"
+if ! { cmake -S . -B build "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release &&
+  cmake --build build -j"$JOBS"; } > "$OUT/build.log" 2>&1; then
+  tail -40 "$OUT/build.log"
+  say "BUILD FAILED"
+  exit 1
+fi
+grep -i "warning" "$OUT/build.log" | head -5
+say "GPU tests"
+timeout "${TEST_TIMEOUT:-240}" ctest --test-dir build -R Cuda -j4 --output-on-failure \
+  > "$OUT/tests.log" 2>&1
+rc=$?
+grep -E "tests passed|tests failed|\(Failed\)|Timeout|Not Run" "$OUT/tests.log" | head -30
+say "GPU tests done (exit $rc)"
+if nvidia-smi > /dev/null 2>&1; then
+  say "bench"
+  timeout "${BENCH_TIMEOUT:-200}" bench/run_cuda_bench.sh "$OUT/bench.txt" \
+    > "$OUT/bench-console.log" 2>&1
+  say "bench done (exit $?)"
+  grep -E "^(copy|f16-storage|    |tensor-core|decode)|FAILED" "$OUT/bench.txt" 2>/dev/null ||
+    tail -30 "$OUT/bench-console.log"
+else
+  say "no GPU here: bench skipped"
+fi
+exit $rc

@@ -1,0 +1,161 @@
+// One query row of causal attention against a KV cache (decode, Tq == 1), by one block of
+// decode::kThreads threads: a thread per key for the scores, a block-wide max-subtracted
+// softmax, then warp w sums the values of keys j = w (mod 8) with a lane per channel and the 8
+// partial rows are added in order. Used by the decode attention kernels (ops_attention.cu) and
+// by the fused decode step (decode_step.cu), so both compute every element identically.
+// C++17 (nvcc).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "kernels/cuda/cuda_reduce.cuh"
+
+namespace ptllm::cuda::decode {
+
+constexpr int kThreads = 256;  // the block; 8 warps
+constexpr int kWarps = kThreads / 32;
+constexpr int kMaxHs = 128;   // 4 channels per lane in the value sum
+constexpr int kMaxTk = 4096;  // scores kept in shared memory (16 KB)
+
+struct Smem {
+  float q[kMaxHs];
+  float s[kMaxTk];
+  float partial[kWarps][kMaxHs];
+  float red[32];
+};
+
+// The query row of one head at position Tk-1 over keys/values 0..Tk-1; `base` points at the
+// head's channels of row 0 of a [*, 3C] fused qkv (q | k | v), rows `stride` floats apart.
+// Writes out[hs] and attRow[Tk] (the probabilities). Any head size 1..kMaxHs.
+inline __device__ void queryAnyHs(Smem& sm, float* out, float* attRow, const float* base,
+                                  int64_t stride, int Tk, int C, int hs) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const float scale = 1.0f / sqrtf(float(hs));
+  for (int d = threadIdx.x; d < hs; d += kThreads) sm.q[d] = base[(Tk - 1) * stride + d];
+  __syncthreads();
+  float mx = -INFINITY;
+  for (int j = threadIdx.x; j < Tk; j += kThreads) {
+    const float* k = base + j * stride + C;
+    float dot = 0.0f;
+    for (int d = 0; d < hs; ++d) dot = fmaf(sm.q[d], k[d], dot);
+    sm.s[j] = scale * dot;
+    mx = fmaxf(mx, sm.s[j]);
+  }
+  mx = blockReduce(mx, MaxOp{}, -INFINITY, sm.red);
+  float sum = 0.0f;
+  for (int j = threadIdx.x; j < Tk; j += kThreads) {
+    const float e = expf(sm.s[j] - mx);
+    sm.s[j] = e;
+    sum += e;
+  }
+  const float inv = 1.0f / blockReduce(sum, SumOp{}, 0.0f, sm.red);
+  for (int j = threadIdx.x; j < Tk; j += kThreads) {
+    sm.s[j] *= inv;
+    attRow[j] = sm.s[j];
+  }
+  __syncthreads();
+  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  for (int j = warp; j < Tk; j += kWarps) {
+    const float* v = base + j * stride + 2 * C;
+    const float p = sm.s[j];
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int d = lane + 32 * r;
+      if (d < hs) acc[r] = fmaf(p, v[d], acc[r]);
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < 4; ++r) {
+    const int d = lane + 32 * r;
+    if (d < hs) sm.partial[warp][d] = acc[r];
+  }
+  __syncthreads();
+  for (int d = threadIdx.x; d < hs; d += kThreads) {
+    float o = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) o += sm.partial[w][d];
+    out[d] = o;
+  }
+}
+
+// queryAnyHs for a head size known at compile time (a multiple of 32) and 16-byte aligned
+// rows: the same arithmetic in the same order, only the loads differ — a thread's whole key row
+// in flight at once (float4), and 8 keys' values in flight per warp — so the scores and the
+// value sums wait for one memory round trip instead of one per few channels.
+template <int HS>
+__device__ void queryFixedHs(Smem& sm, float* out, float* attRow, const float* base, int64_t stride,
+                             int Tk, int C, int hs) {
+  static_assert(HS % 32 == 0 && HS <= kMaxHs, "a multiple of 32 channels");
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const float scale = 1.0f / sqrtf(float(hs));
+  for (int d = threadIdx.x; d < HS; d += kThreads) sm.q[d] = base[(Tk - 1) * stride + d];
+  __syncthreads();
+  float mx = -INFINITY;
+  for (int j = threadIdx.x; j < Tk; j += kThreads) {
+    const float4* k = reinterpret_cast<const float4*>(base + j * stride + C);
+    float4 kv[HS / 4];
+#pragma unroll
+    for (int i = 0; i < HS / 4; ++i) kv[i] = k[i];
+    float dot = 0.0f;
+#pragma unroll
+    for (int i = 0; i < HS / 4; ++i) {
+      dot = fmaf(sm.q[4 * i], kv[i].x, dot);
+      dot = fmaf(sm.q[4 * i + 1], kv[i].y, dot);
+      dot = fmaf(sm.q[4 * i + 2], kv[i].z, dot);
+      dot = fmaf(sm.q[4 * i + 3], kv[i].w, dot);
+    }
+    sm.s[j] = scale * dot;
+    mx = fmaxf(mx, sm.s[j]);
+  }
+  mx = blockReduce(mx, MaxOp{}, -INFINITY, sm.red);
+  float sum = 0.0f;
+  for (int j = threadIdx.x; j < Tk; j += kThreads) {
+    const float e = expf(sm.s[j] - mx);
+    sm.s[j] = e;
+    sum += e;
+  }
+  const float inv = 1.0f / blockReduce(sum, SumOp{}, 0.0f, sm.red);
+  for (int j = threadIdx.x; j < Tk; j += kThreads) {
+    sm.s[j] *= inv;
+    attRow[j] = sm.s[j];
+  }
+  __syncthreads();
+  float acc[HS / 32];
+#pragma unroll
+  for (int r = 0; r < HS / 32; ++r) acc[r] = 0.0f;
+#pragma unroll 8
+  for (int j = warp; j < Tk; j += kWarps) {
+    const float* v = base + j * stride + 2 * C;
+    const float p = sm.s[j];
+#pragma unroll
+    for (int r = 0; r < HS / 32; ++r) acc[r] = fmaf(p, v[lane + 32 * r], acc[r]);
+  }
+#pragma unroll
+  for (int r = 0; r < HS / 32; ++r) sm.partial[warp][lane + 32 * r] = acc[r];
+  __syncthreads();
+  for (int d = threadIdx.x; d < HS; d += kThreads) {
+    float o = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) o += sm.partial[w][d];
+    out[d] = o;
+  }
+}
+
+// The decode attention of one head (the choice depends only on the arguments, so every caller
+// with the same arguments runs the same code).
+inline __device__ void query(Smem& sm, float* out, float* attRow, const float* base, int64_t stride,
+                             int Tk, int C, int hs) {
+  const bool aligned =
+      (reinterpret_cast<uintptr_t>(base) & 15) == 0 && stride % 4 == 0 && C % 4 == 0;
+  if (aligned && hs == 64)
+    queryFixedHs<64>(sm, out, attRow, base, stride, Tk, C, hs);
+  else if (aligned && hs == 32)
+    queryFixedHs<32>(sm, out, attRow, base, stride, Tk, C, hs);
+  else
+    queryAnyHs(sm, out, attRow, base, stride, Tk, C, hs);
+}
+
+}  // namespace ptllm::cuda::decode
