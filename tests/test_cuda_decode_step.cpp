@@ -342,7 +342,7 @@ TEST_F(CudaDecodeStep, FusedEqualsOpByOpBitForBit) {
     ops.runOpByOp();
     const StepOut want = ops.results();
     ASSERT_TRUE(test::allFinite(want.logits.data(), want.logits.size()));
-    for (int blocks : {0, 1, 2, 16}) {
+    for (int blocks : {0, 1, 2, 8, 16}) {
       SCOPED_TRACE("clusterBlocks " + std::to_string(blocks));
       DeviceStep fused(*gpu, h);
       const int launched = fused.runFused(blocks);

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -99,10 +100,10 @@ class CudaPaths : public ::testing::Test {
   std::unique_ptr<Ops> ops, ref;
 };
 
-const PathEntry& cudaEntry(const std::string& name) {
+const PathEntry& cudaEntry(std::string_view name) {
   for (const auto& e : registeredPaths())
     if (e.device == Device::CUDA && e.name == name) return e;
-  throw Error("no CUDA path " + name);
+  throw Error("no CUDA path " + std::string(name));
 }
 
 struct Shape {

@@ -6,7 +6,9 @@
 
 #include <atomic>
 #include <cstdio>
+#include <filesystem>
 #include <string>
+#include <system_error>
 
 #include "core/file_io.h"
 #include "gate/gate_cache.h"
@@ -38,7 +40,8 @@ class GateCache : public ::testing::Test {
   }
   void TearDown() override {
     setGateLogSink(quiet);
-    std::system(("rm -rf '" + dir + "'").c_str());
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
   }
   PathEntry entry(MatmulFn fn = counting) {
     PathEntry e = *findPath("f16-storage");

@@ -244,7 +244,7 @@ TEST_F(Serve, StreamingGenerationSendsStartTokensAndDone) {
       ++tokens;
     }
   EXPECT_EQ(tokens, 25);
-  EXPECT_EQ(joined, events.back().second["text"]);
+  EXPECT_EQ(joined, events.back().second["text"].get<std::string>());
   json plain =
       parse(postJson(c, "/api/generate", R"({"prompt":"the ","tokens":25,"temperature":0})"));
   EXPECT_EQ(plain["text"], joined);

@@ -7,8 +7,10 @@
 #include <stdlib.h>
 
 #include <chrono>
+#include <filesystem>
 #include <mutex>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -45,7 +47,8 @@ class Telemetry : public ::testing::Test {
   void TearDown() override {
     setTelemetryUrl("");
     setGateLogSink(quiet);
-    std::system(("rm -rf '" + dir + "'").c_str());
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
   }
   std::vector<GateResult> gate() {
     PathSetOptions o;
@@ -105,7 +108,7 @@ TEST_F(Telemetry, SinkPostsEveryRecord) {
     const auto j = nlohmann::json::parse(b);  // valid JSON
     const GateResult* r = nullptr;
     for (const auto& x : rs)
-      if (x.path == j["path"]) r = &x;
+      if (x.path == j["path"].get<std::string>()) r = &x;
     ASSERT_NE(r, nullptr);
     EXPECT_EQ(j["pass"], r->pass);
     EXPECT_DOUBLE_EQ(j["metric"]["max_abs"].get<double>(), r->metric.maxAbs);

@@ -349,7 +349,9 @@ int launchDecodeStep(const Ops::DecodeStepArgs& a) {
     d.fcProj = stepLinear(s.fcProj);
     d.cache = s.cache;
   }
-  const int blocks = std::min(a.clusterBlocks > 0 ? a.clusterBlocks : kPortableCluster, maxBlocks);
+  // Default: the largest cluster the device co-schedules; the bench compares it with 8
+  // (docs/performance.md has the figures).
+  const int blocks = std::min(a.clusterBlocks > 0 ? a.clusterBlocks : maxBlocks, maxBlocks);
   cudaLaunchAttribute attr;
   const cudaLaunchConfig_t cfg = clusterLaunch(blocks, &attr);
   PTLLM_CUDA_CHECK(cudaLaunchKernelEx(&cfg, decodeStepKernel, p));
