@@ -5,7 +5,6 @@
 // tiles' row blocks (6/8 rows) and panels (T 31/32/33, primes, 257), with 1 and 2 pool threads,
 // on every SIMD target Highway compiled that this machine runs (each has its own tile).
 #include <gtest/gtest.h>
-#include <hwy/targets.h>
 
 #include <algorithm>
 #include <cmath>
@@ -58,20 +57,6 @@ const AttShape kShapes[] = {
     {2, 17, 50, 96, 3},
 };
 
-// Runs fn once per SIMD target that Highway compiled and this CPU supports (each has its own
-// tile sizes), then restores the normal dispatch.
-template <class Fn>
-void forEachTarget(Fn fn) {
-  for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
-    hwy::SetSupportedTargetsForTest(target);
-    hwy::GetChosenTarget().Update(hwy::SupportedTargets());
-    SCOPED_TRACE(hwy::TargetName(target));
-    fn();
-  }
-  hwy::SetSupportedTargetsForTest(0);
-  hwy::GetChosenTarget().Update(hwy::SupportedTargets());
-}
-
 // Max |x| over an array, at least 1 (the scale of the tolerance).
 double magnitude(const std::vector<float>& v) {
   double m = 1.0;
@@ -93,7 +78,7 @@ TEST(CpuAttention, Forward) {
     // the output sums Tk prob-weighted values (error ~ eps*sqrt(Tk)). x16 covers the tails and
     // Highway's Exp (a few ulp).
     const double tol = 16.0 * kEps * (std::sqrt(double(hs)) + std::sqrt(double(s.Tk)) + 1.0);
-    forEachTarget([&] {
+    test::forEachSimdTarget([&] {
       for (int threads : {1, 2}) {
         setThreads(threads);
         SCOPED_TRACE(::testing::Message()
@@ -148,7 +133,7 @@ TEST(CpuAttention, Backward) {
     // is ~ eps*sqrt(hs) relative (the dot products dy.v and the softmax backward), so the
     // error is ~ eps*sqrt(T*hs) of the largest gradient; x32 for the tails.
     const double tol = 32.0 * kEps * std::sqrt(double(T) * hs) * magnitude(want);
-    forEachTarget([&] {
+    test::forEachSimdTarget([&] {
       for (int threads : {1, 2}) {
         setThreads(threads);
         SCOPED_TRACE(::testing::Message() << "B=" << s.B << " T=" << T << " C=" << s.C

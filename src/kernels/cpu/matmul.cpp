@@ -175,23 +175,17 @@ HWY_INLINE void MicroKernel(const float* HWY_RESTRICT ap, const float* HWY_RESTR
         hn::StoreU(hn::Add(base, acc[i][v]), d, cr + v * L);
       }
     }
-  } else {  // partial columns: masked loads/stores never touch memory past cols
+  } else {  // partial columns: through a buffer, touching nothing past cols. (Highway's
+            // MaskedLoad / BlendedStore load and store whole vectors on SSE4/SSSE3: they read
+            // past the end of C and rewrote columns that another thread owns.)
+    HWY_ALIGN float tmp[kNV * HWY_LANES(float)];
 #pragma GCC unroll 16
     for (int i = 0; i < kMR; ++i) {
       if (i >= rows) break;
       float* cr = c + i * ldc;
 #pragma GCC unroll 4
-      for (int v = 0; v < kNV; ++v) {
-        const int left = cols - v * L;
-        if (left <= 0) break;
-        const auto m = hn::FirstN(d, std::min(left, L));
-        VF base = hn::Zero(d);
-        if (add)
-          base = hn::MaskedLoad(m, d, cr + v * L);
-        else if (bias)
-          base = hn::MaskedLoad(m, d, bias + v * L);
-        hn::BlendedStore(hn::Add(base, acc[i][v]), m, d, cr + v * L);
-      }
+      for (int v = 0; v < kNV; ++v) hn::Store(acc[i][v], d, tmp + v * L);
+      for (int j = 0; j < cols; ++j) cr[j] = (add ? cr[j] : bias ? bias[j] : 0.0f) + tmp[j];
     }
   }
 }
