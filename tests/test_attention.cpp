@@ -1,7 +1,9 @@
 // Fast CPU causal attention (kernels/cpu/attention.cpp) against the double-accumulating
 // reference: the training form (Tq == Tk) forward and backward, and the decode forms
 // (Tq < Tk, queries are the last Tq positions), over head sizes that are below, at and above
-// the vector width, with 1 and 2 pool threads.
+// the vector width and the tiles' NR-column panels (hs 1, 31/32/33, 96), positions around the
+// tiles' row blocks (6/8 rows) and panels (T 31/32/33, primes, 257), with 1 and 2 pool threads,
+// on every SIMD target Highway compiled that this machine runs (each has its own tile).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -42,6 +44,17 @@ const AttShape kShapes[] = {
     {2, 1, 300, 96, 3},
     {1, 5, 37, 20, 2},
     {1, 64, 200, 64, 1},
+    // tile edges: row blocks (6 or 8 rows), column panels (NR = 2 vectors), head sizes
+    {1, 9, 9, 3, 3},        // hs = 1
+    {2, 31, 31, 62, 2},     // hs = 31
+    {1, 32, 32, 64, 2},     // hs = 32
+    {1, 33, 33, 66, 2},     // hs = 33
+    {1, 13, 13, 96, 1},     // hs = 96: three 32-wide panels
+    {3, 8, 8, 16, 1},       // one full 8-row block
+    {1, 257, 257, 128, 2},  // one position past 256
+    {2, 101, 101, 40, 5},   // prime T, hs = 8
+    {1, 9, 40, 24, 2},      // decode with a 6/8-row block and a tail
+    {2, 17, 50, 96, 3},
 };
 
 // Max |x| over an array, at least 1 (the scale of the tolerance).
@@ -65,31 +78,34 @@ TEST(CpuAttention, Forward) {
     // the output sums Tk prob-weighted values (error ~ eps*sqrt(Tk)). x16 covers the tails and
     // Highway's Exp (a few ulp).
     const double tol = 16.0 * kEps * (std::sqrt(double(hs)) + std::sqrt(double(s.Tk)) + 1.0);
-    for (int threads : {1, 2}) {
-      setThreads(threads);
-      SCOPED_TRACE(::testing::Message() << "B=" << s.B << " Tq=" << s.Tq << " Tk=" << s.Tk << " C="
-                                        << s.C << " NH=" << s.NH << " threads=" << threads);
-      std::vector<float> out = test::poisoned(nOut), att = test::poisoned(nAtt);
-      out.resize(nOut + kGuard, kGuardValue);
-      att.resize(nAtt + kGuard, kGuardValue);
-      cpu::attentionForward(out.data(), att.data(), qkv.data(), s.B, s.Tq, s.Tk, s.C, s.NH);
-      EXPECT_TRUE(test::allFinite(out.data(), nOut));
-      EXPECT_TRUE(test::allFinite(att.data(), nAtt));
-      EXPECT_LE(test::worstRatio(att.data(), wantAtt.data(), nAtt, tol, 0), 1.0)
-          << "att max diff " << test::maxAbsDiff(att.data(), wantAtt.data(), nAtt);
-      EXPECT_LE(test::worstRatio(out.data(), wantOut.data(), nOut, tol, 0), 1.0)
-          << "out max diff " << test::maxAbsDiff(out.data(), wantOut.data(), nOut);
-      // masked entries are exactly zero
-      for (int b = 0; b < s.B; ++b)
-        for (int h = 0; h < s.NH; ++h)
-          for (int i = 0; i < s.Tq; ++i)
-            for (int j = s.Tk - s.Tq + i + 1; j < s.Tk; ++j)
-              ASSERT_EQ(att[((size_t(b) * s.NH + h) * s.Tq + i) * s.Tk + j], 0.0f);
-      for (size_t i = 0; i < kGuard; ++i) {
-        ASSERT_EQ(out[nOut + i], kGuardValue);
-        ASSERT_EQ(att[nAtt + i], kGuardValue);
+    test::forEachSimdTarget([&] {
+      for (int threads : {1, 2}) {
+        setThreads(threads);
+        SCOPED_TRACE(::testing::Message()
+                     << "B=" << s.B << " Tq=" << s.Tq << " Tk=" << s.Tk << " C=" << s.C
+                     << " NH=" << s.NH << " threads=" << threads);
+        std::vector<float> out = test::poisoned(nOut), att = test::poisoned(nAtt);
+        out.resize(nOut + kGuard, kGuardValue);
+        att.resize(nAtt + kGuard, kGuardValue);
+        cpu::attentionForward(out.data(), att.data(), qkv.data(), s.B, s.Tq, s.Tk, s.C, s.NH);
+        EXPECT_TRUE(test::allFinite(out.data(), nOut));
+        EXPECT_TRUE(test::allFinite(att.data(), nAtt));
+        EXPECT_LE(test::worstRatio(att.data(), wantAtt.data(), nAtt, tol, 0), 1.0)
+            << "att max diff " << test::maxAbsDiff(att.data(), wantAtt.data(), nAtt);
+        EXPECT_LE(test::worstRatio(out.data(), wantOut.data(), nOut, tol, 0), 1.0)
+            << "out max diff " << test::maxAbsDiff(out.data(), wantOut.data(), nOut);
+        // masked entries are exactly zero
+        for (int b = 0; b < s.B; ++b)
+          for (int h = 0; h < s.NH; ++h)
+            for (int i = 0; i < s.Tq; ++i)
+              for (int j = s.Tk - s.Tq + i + 1; j < s.Tk; ++j)
+                ASSERT_EQ(att[((size_t(b) * s.NH + h) * s.Tq + i) * s.Tk + j], 0.0f);
+        for (size_t i = 0; i < kGuard; ++i) {
+          ASSERT_EQ(out[nOut + i], kGuardValue);
+          ASSERT_EQ(att[nAtt + i], kGuardValue);
+        }
       }
-    }
+    });
   }
   setThreads(0);
 }
@@ -105,24 +121,32 @@ TEST(CpuAttention, Backward) {
     const auto dout = test::randomVector(nOut, seed++);
     std::vector<float> out(nOut), att(nAtt);
     ref::attentionForward(out.data(), att.data(), qkv.data(), s.B, T, T, s.C, s.NH);
+    // The backward reads only the causal part of att (j <= i), as the reference does: NaN in
+    // the masked part must not leak into the gradients.
+    for (size_t bh = 0; bh < size_t(s.B) * s.NH; ++bh)
+      for (int i = 0; i < T; ++i)
+        for (int j = i + 1; j < T; ++j)
+          att[(bh * T + i) * T + j] = std::numeric_limits<float>::quiet_NaN();
     std::vector<float> want = test::poisoned(nQkv);
     ref::attentionBackward(want.data(), dout.data(), qkv.data(), att.data(), s.B, T, s.C, s.NH);
     // Each gradient is a sum over up to T positions of products of terms whose own f32 error
     // is ~ eps*sqrt(hs) relative (the dot products dy.v and the softmax backward), so the
     // error is ~ eps*sqrt(T*hs) of the largest gradient; x32 for the tails.
     const double tol = 32.0 * kEps * std::sqrt(double(T) * hs) * magnitude(want);
-    for (int threads : {1, 2}) {
-      setThreads(threads);
-      SCOPED_TRACE(::testing::Message() << "B=" << s.B << " T=" << T << " C=" << s.C
-                                        << " NH=" << s.NH << " threads=" << threads);
-      std::vector<float> got = test::poisoned(nQkv);
-      got.resize(nQkv + kGuard, kGuardValue);
-      cpu::attentionBackward(got.data(), dout.data(), qkv.data(), att.data(), s.B, T, s.C, s.NH);
-      EXPECT_TRUE(test::allFinite(got.data(), nQkv));
-      EXPECT_LE(test::worstRatio(got.data(), want.data(), nQkv, tol, 0), 1.0)
-          << "max diff " << test::maxAbsDiff(got.data(), want.data(), nQkv) << " tol " << tol;
-      for (size_t i = 0; i < kGuard; ++i) ASSERT_EQ(got[nQkv + i], kGuardValue);
-    }
+    test::forEachSimdTarget([&] {
+      for (int threads : {1, 2}) {
+        setThreads(threads);
+        SCOPED_TRACE(::testing::Message() << "B=" << s.B << " T=" << T << " C=" << s.C
+                                          << " NH=" << s.NH << " threads=" << threads);
+        std::vector<float> got = test::poisoned(nQkv);
+        got.resize(nQkv + kGuard, kGuardValue);
+        cpu::attentionBackward(got.data(), dout.data(), qkv.data(), att.data(), s.B, T, s.C, s.NH);
+        EXPECT_TRUE(test::allFinite(got.data(), nQkv));
+        EXPECT_LE(test::worstRatio(got.data(), want.data(), nQkv, tol, 0), 1.0)
+            << "max diff " << test::maxAbsDiff(got.data(), want.data(), nQkv) << " tol " << tol;
+        for (size_t i = 0; i < kGuard; ++i) ASSERT_EQ(got[nQkv + i], kGuardValue);
+      }
+    });
   }
   setThreads(0);
 }

@@ -1,6 +1,7 @@
 // CPU f32 matmuls (kernels/cpu/matmul.cpp) against the double-accumulating reference, over a
 // table of shapes that hits every tail of the register tiles (MR rows x NR columns, KC depth),
-// the GEMV paths (M <= 4), K up to 4096, and both 1 and 2 pool threads.
+// the GEMV paths (M <= 4), K up to 4096, both 1 and 2 pool threads, and every SIMD target
+// Highway compiled that this machine runs (MR and NR differ per target).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -84,18 +85,21 @@ void checkOp(Op op) {
     std::vector<float> want = accumulate ? init : test::poisoned(nOut);
     runOp(op, want.data(), a.data(), b.data(), bias.data(), s.M, s.K, s.N, true);
     const double tol = tolerance(s.K, op == Op::kMatmulBias || accumulate ? 1.0 : 0.0);
-    for (int threads : {1, 2}) {
-      setThreads(threads);
-      SCOPED_TRACE(::testing::Message() << opName(op) << " M=" << s.M << " K=" << s.K
-                                        << " N=" << s.N << " threads=" << threads);
-      std::vector<float> got = accumulate ? init : test::poisoned(nOut);
-      got.resize(nOut + kGuard, kGuardValue);
-      runOp(op, got.data(), a.data(), b.data(), bias.data(), s.M, s.K, s.N, false);
-      EXPECT_TRUE(test::allFinite(got.data(), nOut));
-      EXPECT_LE(test::worstRatio(got.data(), want.data(), nOut, tol, 0.0), 1.0)
-          << "max abs diff " << test::maxAbsDiff(got.data(), want.data(), nOut) << " tol " << tol;
-      for (size_t i = nOut; i < nOut + kGuard; ++i) ASSERT_EQ(got[i], kGuardValue) << "guard " << i;
-    }
+    test::forEachSimdTarget([&] {
+      for (int threads : {1, 2}) {
+        setThreads(threads);
+        SCOPED_TRACE(::testing::Message() << opName(op) << " M=" << s.M << " K=" << s.K
+                                          << " N=" << s.N << " threads=" << threads);
+        std::vector<float> got = accumulate ? init : test::poisoned(nOut);
+        got.resize(nOut + kGuard, kGuardValue);
+        runOp(op, got.data(), a.data(), b.data(), bias.data(), s.M, s.K, s.N, false);
+        EXPECT_TRUE(test::allFinite(got.data(), nOut));
+        EXPECT_LE(test::worstRatio(got.data(), want.data(), nOut, tol, 0.0), 1.0)
+            << "max abs diff " << test::maxAbsDiff(got.data(), want.data(), nOut) << " tol " << tol;
+        for (size_t i = nOut; i < nOut + kGuard; ++i)
+          ASSERT_EQ(got[i], kGuardValue) << "guard " << i;
+      }
+    });
   }
   setThreads(0);
 }

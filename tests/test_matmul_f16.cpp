@@ -174,27 +174,29 @@ TEST(F16, MatmulAgainstReferences) {
     // Against the f32 weights the f16 rounding dominates: relative error <= 2^-11 per weight,
     // independent over k, so the sum's error has rms ~ 2^-11 * sqrt(K) / (3*sqrt(3)); x8 again.
     const double tol32 = 8.0 * std::ldexp(1.0, -11) * rootK / 3.0 + tolExact;
-    for (int threads : {1, 2}) {
-      setThreads(threads);
-      SCOPED_TRACE(::testing::Message()
-                   << "M=" << s.M << " K=" << s.K << " N=" << s.N << " threads=" << threads);
-      const size_t nOut = size_t(s.M) * s.N, guard = 19;
-      std::vector<float> got = test::poisoned(nOut);
-      got.resize(nOut + guard, -777.25f);
-      cpu::matmulF16(got.data(), in.data(), w16.data(), bias.data(), s.M, s.K, s.N);
-      EXPECT_TRUE(test::allFinite(got.data(), nOut));
-      EXPECT_LE(test::worstRatio(got.data(), wantExact.data(), nOut, tolExact, 0), 1.0)
-          << "max diff " << test::maxAbsDiff(got.data(), wantExact.data(), nOut);
-      EXPECT_LE(test::worstRatio(got.data(), want32.data(), nOut, tol32, 0), 1.0)
-          << "max diff " << test::maxAbsDiff(got.data(), want32.data(), nOut);
-      for (size_t i = nOut; i < nOut + guard; ++i) ASSERT_EQ(got[i], -777.25f);
-      // no bias
-      std::vector<float> nob = test::poisoned(nOut);
-      cpu::matmulF16(nob.data(), in.data(), w16.data(), nullptr, s.M, s.K, s.N);
-      std::vector<float> wantNob = wantExact;
-      for (size_t i = 0; i < nOut; ++i) wantNob[i] -= bias[i % s.N];
-      EXPECT_LE(test::worstRatio(nob.data(), wantNob.data(), nOut, tolExact + 2 * kEps, 0), 1.0);
-    }
+    test::forEachSimdTarget([&] {
+      for (int threads : {1, 2}) {
+        setThreads(threads);
+        SCOPED_TRACE(::testing::Message()
+                     << "M=" << s.M << " K=" << s.K << " N=" << s.N << " threads=" << threads);
+        const size_t nOut = size_t(s.M) * s.N, guard = 19;
+        std::vector<float> got = test::poisoned(nOut);
+        got.resize(nOut + guard, -777.25f);
+        cpu::matmulF16(got.data(), in.data(), w16.data(), bias.data(), s.M, s.K, s.N);
+        EXPECT_TRUE(test::allFinite(got.data(), nOut));
+        EXPECT_LE(test::worstRatio(got.data(), wantExact.data(), nOut, tolExact, 0), 1.0)
+            << "max diff " << test::maxAbsDiff(got.data(), wantExact.data(), nOut);
+        EXPECT_LE(test::worstRatio(got.data(), want32.data(), nOut, tol32, 0), 1.0)
+            << "max diff " << test::maxAbsDiff(got.data(), want32.data(), nOut);
+        for (size_t i = nOut; i < nOut + guard; ++i) ASSERT_EQ(got[i], -777.25f);
+        // no bias
+        std::vector<float> nob = test::poisoned(nOut);
+        cpu::matmulF16(nob.data(), in.data(), w16.data(), nullptr, s.M, s.K, s.N);
+        std::vector<float> wantNob = wantExact;
+        for (size_t i = 0; i < nOut; ++i) wantNob[i] -= bias[i % s.N];
+        EXPECT_LE(test::worstRatio(nob.data(), wantNob.data(), nOut, tolExact + 2 * kEps, 0), 1.0);
+      }
+    });
   }
   setThreads(0);
 }

@@ -1,5 +1,7 @@
 #include "test_util.h"
 
+#include <gtest/gtest.h>
+#include <hwy/targets.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -16,6 +18,17 @@ std::vector<float> randomVector(size_t n, uint64_t seed, float lo, float hi) {
   std::vector<float> v(n);
   for (auto& x : v) x = rng.uniform(lo, hi);
   return v;
+}
+
+void forEachSimdTarget(const std::function<void()>& fn) {
+  for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    hwy::SetSupportedTargetsForTest(target);
+    hwy::GetChosenTarget().Update(hwy::SupportedTargets());
+    SCOPED_TRACE(hwy::TargetName(target));
+    fn();
+  }
+  hwy::SetSupportedTargetsForTest(0);
+  hwy::GetChosenTarget().Update(hwy::SupportedTargets());
 }
 
 std::vector<float> poisoned(size_t n) {

@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <string>
 #include <vector>
@@ -16,6 +17,10 @@ bool allFinite(const float* x, size_t n);
 // max |a-b| / (atol + rtol*|b|) over the arrays; > 1 means out of tolerance. NaN counts as inf.
 double worstRatio(const float* a, const float* b, size_t n, double atol, double rtol);
 double maxAbsDiff(const float* a, const float* b, size_t n);
+
+// Runs fn once per SIMD target that Highway compiled and this CPU supports (the CPU kernels'
+// tile sizes differ per target), with a gtest trace naming it; restores normal dispatch after.
+void forEachSimdTarget(const std::function<void()>& fn);
 
 // A fresh directory under $TMPDIR, removed with its contents when the object dies.
 class TempDir {

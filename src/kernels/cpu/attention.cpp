@@ -1,11 +1,15 @@
 // Fast causal multi-head attention (same math as kernels/ref/attention.cpp), f32 with Highway.
 // qkv[B,Tk,3C] fused; head h uses channels [h*hs, (h+1)*hs), hs = C/NH; scale 1/sqrt(hs).
 //
-// Each task owns one (b, h) pair (and, when B*NH is small, a range of query rows) and copies
-// what it reads into per-thread scratch: K^T / V^T as [hs][Tp] (Tp: positions rounded up to
-// 4 vectors, zero padded) so that a row of scores is a run of vector FMAs over key positions,
-// and q / k / v / dout rows as [T][hsp] (hsp: hs rounded up to a vector, zero padded) for the
-// weighted sums over positions. Tasks write disjoint slices of out/att/dqkv.
+// Each task owns one (b, h) pair (and, when B*NH is small, a range of query rows). All six
+// products (scores, probs @ V; dY @ V^T, dS @ K, dS^T @ Q, P^T @ dY) run through one register
+// tile, Tile<R>: R rows of A (scalars broadcast from any two strides) times a row-major B
+// panel of NR = kNV vectors, so every B load serves R rows (the old row-at-a-time kernels
+// reused nothing and ran at ~30 GFLOP/s a core). Operands live in per-thread scratch:
+// K^T / V^T as [hs][Tp] and q / k / v / dout rows as [T][hsp] (Tp, hsp: positions and head
+// channels rounded up to NR, zero padded), probabilities and dS as [T][Tp] with zeros past
+// the causal edge, so tiles may run over whole vectors and the zero tails add nothing.
+// Tasks write disjoint slices of out/att/dqkv.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -38,72 +42,92 @@ namespace hn = hwy::HWY_NAMESPACE;
 using DF = hn::ScalableTag<float>;
 using VF = hn::Vec<DF>;
 
-// s[0, nb*4L) = sum_d x[d] * xt[d*ld + j]: four independent vector chains per block of 4L.
-HWY_INLINE void RowTimesT(const float* HWY_RESTRICT x, const float* HWY_RESTRICT xt, int64_t ld,
-                          int hs, int nb, float* HWY_RESTRICT s) {
+#if HWY_TARGET <= HWY_AVX3
+constexpr int kR = 8, kNV = 2;  // 16 accumulators of 32 zmm registers
+#else
+constexpr int kR = 6, kNV = 2;  // 12 accumulators of 16 ymm/xmm registers
+#endif
+
+inline int RoundUp(int x, int m) {
+  return (x + m - 1) / m * m;
+}
+
+// C[r*ldc + 0:cols) = sum_{k<kn} A[r*ar + k*ak] * B[k*ldb + 0:NR) for r < R, NR = kNV*L.
+// B must be readable for whole NR-wide rows; only cols (<= NR) columns of C are written.
+template <int R>
+HWY_NOINLINE void Tile(const float* HWY_RESTRICT A, int64_t ar, int64_t ak,
+                       const float* HWY_RESTRICT B, int64_t ldb, int kn, float* HWY_RESTRICT C,
+                       int64_t ldc, int cols) {
   const DF d;
   const int L = (int)hn::Lanes(d);
-  for (int blk = 0; blk < nb; ++blk) {
-    const float* base = xt + (int64_t)blk * 4 * L;
-    VF a0 = hn::Zero(d), a1 = hn::Zero(d), a2 = hn::Zero(d), a3 = hn::Zero(d);
-    for (int c = 0; c < hs; ++c) {
-      const VF xv = hn::Set(d, x[c]);
-      const float* r = base + c * ld;
-      a0 = hn::MulAdd(xv, hn::Load(d, r), a0);
-      a1 = hn::MulAdd(xv, hn::Load(d, r + L), a1);
-      a2 = hn::MulAdd(xv, hn::Load(d, r + 2 * L), a2);
-      a3 = hn::MulAdd(xv, hn::Load(d, r + 3 * L), a3);
+  VF acc[R][kNV];
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < kNV; ++v) acc[r][v] = hn::Zero(d);
+  for (int k = 0; k < kn; ++k) {
+    VF b[kNV];
+    const float* bk = B + k * ldb;
+#pragma GCC unroll 4
+    for (int v = 0; v < kNV; ++v) b[v] = hn::LoadU(d, bk + v * L);
+    const float* ak0 = A + k * ak;
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      const VF a = hn::Set(d, ak0[r * ar]);
+#pragma GCC unroll 4
+      for (int v = 0; v < kNV; ++v) acc[r][v] = hn::MulAdd(a, b[v], acc[r][v]);
     }
-    float* o = s + (int64_t)blk * 4 * L;
-    hn::Store(a0, d, o);
-    hn::Store(a1, d, o + L);
-    hn::Store(a2, d, o + 2 * L);
-    hn::Store(a3, d, o + 3 * L);
+  }
+  if (cols == kNV * L) {
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+      for (int v = 0; v < kNV; ++v) hn::StoreU(acc[r][v], d, C + r * ldc + v * L);
+  } else {  // partial columns: through a buffer, so nothing past cols is touched
+    HWY_ALIGN float tmp[kNV * HWY_LANES(float)];
+    for (int r = 0; r < R; ++r) {
+      for (int v = 0; v < kNV; ++v) hn::Store(acc[r][v], d, tmp + v * L);
+      std::memcpy(C + r * ldc, tmp, sizeof(float) * cols);
+    }
   }
 }
 
-// acc[hsp] = sum_{j<n} w[j] * rows[j*hsp + :]  (two interleaved chains over j)
-HWY_INLINE void WeightedRowSum(const float* HWY_RESTRICT w, const float* HWY_RESTRICT rows, int hsp,
-                               int n, float* HWY_RESTRICT acc) {
-  const DF d;
-  const int L = (int)hn::Lanes(d);
-  for (int c = 0; c < hsp; c += 4 * L) {
-    const int nv = std::min(4, (hsp - c) / L);
-    VF e[4], o[4];
-    for (int v = 0; v < 4; ++v) e[v] = o[v] = hn::Zero(d);
-    int j = 0;
-    for (; j + 2 <= n; j += 2) {
-      const VF w0 = hn::Set(d, w[j]), w1 = hn::Set(d, w[j + 1]);
-      const float* r0 = rows + (int64_t)j * hsp + c;
-      const float* r1 = r0 + hsp;
-      for (int v = 0; v < nv; ++v) {
-        e[v] = hn::MulAdd(w0, hn::Load(d, r0 + v * L), e[v]);
-        o[v] = hn::MulAdd(w1, hn::Load(d, r1 + v * L), o[v]);
-      }
-    }
-    if (j < n) {
-      const VF w0 = hn::Set(d, w[j]);
-      const float* r0 = rows + (int64_t)j * hsp + c;
-      for (int v = 0; v < nv; ++v) e[v] = hn::MulAdd(w0, hn::Load(d, r0 + v * L), e[v]);
-    }
-    for (int v = 0; v < nv; ++v) hn::Store(hn::Add(e[v], o[v]), d, acc + c + v * L);
+// Tile<rows> for 1 <= rows <= kR (the tails of the row blocks).
+template <int R = kR>
+HWY_INLINE void Tiles(int rows, const float* A, int64_t ar, int64_t ak, const float* B, int64_t ldb,
+                      int kn, float* C, int64_t ldc, int cols) {
+  if constexpr (R == 1) {
+    Tile<1>(A, ar, ak, B, ldb, kn, C, ldc, cols);
+  } else {
+    if (rows == R) return Tile<R>(A, ar, ak, B, ldb, kn, C, ldc, cols);
+    Tiles<R - 1>(rows, A, ar, ak, B, ldb, kn, C, ldc, cols);
   }
 }
 
-// Row i of the forward for one (b, h): scores over keys [0, pos], softmax, weighted V.
+// C[rows][0:width) = A[rows][0:kn) (row stride ar, k stride ak) @ B[kn][0:width) (row stride
+// ldb, readable up to RoundUp(width, NR)), column panel by column panel.
+HWY_INLINE void TileRow(int rows, const float* A, int64_t ar, int64_t ak, const float* B,
+                        int64_t ldb, int kn, float* C, int64_t ldc, int width) {
+  const int NR = kNV * (int)hn::Lanes(DF());
+  for (int c0 = 0; c0 < width; c0 += NR)
+    Tiles(rows, A, ar, ak, B + c0, ldb, kn, C + c0, ldc, std::min(NR, width - c0));
+}
+
+// Forward for one (b, h), query rows [i0, i1), kR rows at a time: scores over keys
+// [0, pos], softmax, probabilities @ V.
 void ForwardTask(float* out, float* att, const float* qkv, int b, int h, int i0, int i1, int Tq,
                  int Tk, int C, int NH) {
   const DF d;
   const int L = (int)hn::Lanes(d);
-  const int hs = C / NH, hsp = (hs + L - 1) / L * L;
+  const int NR = kNV * L;
+  const int hs = C / NH, hsp = RoundUp(hs, NR);
   const int q0 = Tk - Tq;
   const int jmax = q0 + i1;  // keys the task needs: [0, jmax)
-  const int Tp = (jmax + 4 * L - 1) / (4 * L) * (4 * L);
+  const int Tp = RoundUp(jmax, NR);
   const float scale = 1.0f / std::sqrt((float)hs);
-  float* kt = detail::tlsAtt.get((size_t)hs * Tp + (size_t)jmax * hsp + Tp + hsp);
-  float* vr = kt + (size_t)hs * Tp;  // [jmax][hsp]
-  float* s = vr + (size_t)jmax * hsp;
-  float* o = s + Tp;
+  float* kt = detail::tlsAtt.get((size_t)hs * Tp + (size_t)jmax * hsp + (size_t)kR * Tp);
+  float* vr = kt + (size_t)hs * Tp;    // [jmax][hsp]
+  float* s = vr + (size_t)jmax * hsp;  // [kR][Tp] scores, then probabilities
   const int64_t ld = 3 * (int64_t)C;
   const float* base = qkv + (int64_t)b * Tk * ld + h * hs;
   for (int j = 0; j < jmax; ++j) {
@@ -111,40 +135,46 @@ void ForwardTask(float* out, float* att, const float* qkv, int b, int h, int i0,
     const float* v = base + j * ld + 2 * C;
     for (int c = 0; c < hs; ++c) kt[(int64_t)c * Tp + j] = k[c];
     std::memcpy(vr + (int64_t)j * hsp, v, sizeof(float) * hs);
-    for (int c = hs; c < hsp; ++c) vr[(int64_t)j * hsp + c] = 0.0f;
+    std::fill(vr + (int64_t)j * hsp + hs, vr + (int64_t)(j + 1) * hsp, 0.0f);
   }
   for (int c = 0; c < hs; ++c)
-    for (int j = jmax; j < Tp; ++j) kt[(int64_t)c * Tp + j] = 0.0f;
+    std::fill(kt + (int64_t)c * Tp + jmax, kt + (int64_t)(c + 1) * Tp, 0.0f);
 
-  for (int i = i0; i < i1; ++i) {
-    const int pos = q0 + i, n = pos + 1;
-    const int nb = (n + 4 * L - 1) / (4 * L);
-    RowTimesT(base + (int64_t)pos * ld, kt, Tp, hs, nb, s);
-    const int nvec = (n + L - 1) / L;
-    // max over valid scores (lanes past n are excluded)
-    VF mx = hn::Set(d, -INFINITY);
-    for (int v = 0; v < nvec; ++v) {
-      const auto m = hn::FirstN(d, n - v * L);
-      mx = hn::Max(mx, hn::IfThenElse(m, hn::Load(d, s + v * L), hn::Set(d, -INFINITY)));
+  const VF vs = hn::Set(d, scale);
+  for (int ib = i0; ib < i1; ib += kR) {
+    const int rows = std::min(kR, i1 - ib);
+    const int nmax = q0 + ib + rows;  // keys of the block's last row
+    const int ncols = RoundUp(nmax, NR);
+    // s[r][j] = q_{ib+r} . k_j
+    TileRow(rows, base + (int64_t)(q0 + ib) * ld, ld, 1, kt, Tp, hs, s, Tp, ncols);
+    for (int r = 0; r < rows; ++r) {
+      float* sr = s + (int64_t)r * Tp;
+      const int i = ib + r, n = q0 + i + 1;
+      const int nvec = (n + L - 1) / L;
+      VF mx = hn::Set(d, -INFINITY);  // max over the valid scores (lanes past n excluded)
+      for (int v = 0; v < nvec; ++v) {
+        const auto m = hn::FirstN(d, n - v * L);
+        mx = hn::Max(mx, hn::IfThenElse(m, hn::Load(d, sr + v * L), hn::Set(d, -INFINITY)));
+      }
+      const VF mxs = hn::Mul(hn::MaxOfLanes(d, mx), vs);
+      VF sum = hn::Zero(d);
+      for (int v = 0; v < nvec; ++v) {
+        const auto m = hn::FirstN(d, n - v * L);
+        const VF p =
+            hn::IfThenElseZero(m, hn::Exp(d, hn::MulSub(hn::Load(d, sr + v * L), vs, mxs)));
+        hn::Store(p, d, sr + v * L);
+        sum = hn::Add(sum, p);
+      }
+      const VF vinv = hn::Set(d, 1.0f / hn::GetLane(hn::SumOfLanes(d, sum)));
+      for (int v = 0; v < nvec; ++v)
+        hn::Store(hn::Mul(hn::Load(d, sr + v * L), vinv), d, sr + v * L);
+      std::fill(sr + nvec * L, sr + ncols, 0.0f);  // the block's longer rows run past n
+      float* a = att + (((int64_t)b * NH + h) * Tq + i) * Tk;
+      std::memcpy(a, sr, sizeof(float) * n);
+      std::fill(a + n, a + Tk, 0.0f);
     }
-    const VF mxs = hn::Mul(hn::MaxOfLanes(d, mx), hn::Set(d, scale));
-    const VF vs = hn::Set(d, scale);
-    VF sum = hn::Zero(d);
-    for (int v = 0; v < nvec; ++v) {
-      const auto m = hn::FirstN(d, n - v * L);
-      const VF e = hn::Exp(d, hn::MulSub(hn::Load(d, s + v * L), vs, mxs));
-      const VF p = hn::IfThenElseZero(m, e);
-      hn::Store(p, d, s + v * L);
-      sum = hn::Add(sum, p);
-    }
-    const float inv = 1.0f / hn::GetLane(hn::SumOfLanes(d, sum));
-    const VF vinv = hn::Set(d, inv);
-    for (int v = 0; v < nvec; ++v) hn::Store(hn::Mul(hn::Load(d, s + v * L), vinv), d, s + v * L);
-    float* a = att + (((int64_t)b * NH + h) * Tq + i) * Tk;
-    std::memcpy(a, s, sizeof(float) * n);
-    std::fill(a + n, a + Tk, 0.0f);
-    WeightedRowSum(s, vr, hsp, n, o);
-    std::memcpy(out + ((int64_t)b * Tq + i) * C + h * hs, o, sizeof(float) * hs);
+    // out[ib+r] = sum_j p[r][j] v_j
+    TileRow(rows, s, Tp, 1, vr, hsp, nmax, out + ((int64_t)b * Tq + ib) * C + h * hs, C, hs);
   }
 }
 
@@ -179,23 +209,25 @@ void AttentionForwardT(float* out, float* att, const float* qkv, int B, int Tq, 
   });
 }
 
+// Backward for one (b, h). With P = att (row i over keys j <= i) and dP = dY V^T:
+//   dS = P * (dP - rowsum(P * dP)) * scale;  dQ = dS K;  dK = dS^T Q;  dV = P^T dY.
+// Phase 1 walks blocks of query rows (dP, dS, dQ); phase 2 blocks of key rows (dK, dV) over
+// the stored dS and P columns.
 void BackwardTask(float* dqkv, const float* dout, const float* qkv, const float* att, int b, int h,
                   int T, int C, int NH) {
   const DF d;
   const int L = (int)hn::Lanes(d);
-  const int hs = C / NH, hsp = (hs + L - 1) / L * L;
-  const int Tp = (T + 4 * L - 1) / (4 * L) * (4 * L);
+  const int NR = kNV * L;
+  const int hs = C / NH, hsp = RoundUp(hs, NR);
+  const int Tp = RoundUp(T, NR);
   const float scale = 1.0f / std::sqrt((float)hs);
-  const size_t rowsz = (size_t)T * hsp;
-  float* vt = detail::tlsAtt.get((size_t)hs * Tp + 4 * rowsz + (size_t)T * Tp + 2 * hsp + Tp + T);
+  const size_t rowsz = (size_t)T * hsp, sqsz = (size_t)T * Tp;
+  float* vt = detail::tlsAtt.get((size_t)hs * Tp + 3 * rowsz + 2 * sqsz);
   float* q = vt + (size_t)hs * Tp;  // [T][hsp] each
   float* k = q + rowsz;
   float* dy = k + rowsz;
-  float* dpT = dy + rowsz;  // [T][Tp]: dpT[j][i] = scale * dpre_ij for i >= j
-  float* tmp = dpT + (size_t)T * Tp;
-  float* tmp2 = tmp + hsp;
-  float* da = tmp2 + hsp;  // [Tp] one row of datt / dpre
-  float* acol = da + Tp;   // [T] one column of att
+  float* p = dy + rowsz;  // [T][Tp] probabilities, zero past the causal edge
+  float* ds = p + sqsz;   // [T][Tp] dP, then dS (zero past the causal edge)
   const int64_t ld = 3 * (int64_t)C;
   const float* base = qkv + (int64_t)b * T * ld + h * hs;
   const float* a0 = att + ((int64_t)b * NH + h) * T * T;
@@ -211,31 +243,47 @@ void BackwardTask(float* dqkv, const float* dout, const float* qkv, const float*
     }
   }
   for (int c = 0; c < hs; ++c)
-    for (int j = T; j < Tp; ++j) vt[(int64_t)c * Tp + j] = 0.0f;
+    std::fill(vt + (int64_t)c * Tp + T, vt + (int64_t)(c + 1) * Tp, 0.0f);
 
-  for (int i = 0; i < T; ++i) {
-    const int n = i + 1;
-    const float* a = a0 + (int64_t)i * T;
-    RowTimesT(dy + (int64_t)i * hsp, vt, Tp, hs, (n + 4 * L - 1) / (4 * L), da);  // dy_i . v_j
-    double dot = 0;
-    for (int j = 0; j < n; ++j) dot += double(a[j]) * da[j];
-    const float fdot = (float)dot;
-    for (int j = 0; j < n; ++j) {
-      da[j] = a[j] * (da[j] - fdot) * scale;  // dpre_ij * scale
-      dpT[(int64_t)j * Tp + i] = da[j];
+  const VF vscale = hn::Set(d, scale);
+  const int nvT = Tp / L;
+  for (int ib = 0; ib < T; ib += kR) {
+    const int rows = std::min(kR, T - ib);
+    const int nmax = ib + rows;
+    // dP[ib+r][j] = dy_{ib+r} . v_j into ds
+    TileRow(rows, dy + (int64_t)ib * hsp, hsp, 1, vt, Tp, hs, ds + (int64_t)ib * Tp, Tp,
+            RoundUp(nmax, NR));
+    for (int r = 0; r < rows; ++r) {
+      const int i = ib + r, n = i + 1;
+      float* pr = p + (int64_t)i * Tp;
+      float* dr = ds + (int64_t)i * Tp;
+      std::memcpy(pr, a0 + (int64_t)i * T, sizeof(float) * n);
+      std::fill(pr + n, pr + Tp, 0.0f);
+      const int nvec = (n + L - 1) / L;  // p is zero past n, so whole vectors are exact
+      VF dot = hn::Zero(d);
+      for (int v = 0; v < nvec; ++v)
+        dot = hn::MulAdd(hn::Load(d, pr + v * L), hn::Load(d, dr + v * L), dot);
+      const VF vdot = hn::Set(d, hn::GetLane(hn::SumOfLanes(d, dot)));
+      for (int v = 0; v < nvec; ++v) {
+        const VF pv = hn::Load(d, pr + v * L);
+        hn::Store(hn::Mul(hn::Mul(pv, hn::Sub(hn::Load(d, dr + v * L), vdot)), vscale), d,
+                  dr + v * L);
+      }
+      for (int v = nvec; v < nvT; ++v) hn::Store(hn::Zero(d), d, dr + v * L);
     }
-    WeightedRowSum(da, k, hsp, n, tmp);  // dq_i = sum_j dpre_ij k_j
-    std::memcpy(dqkv + ((int64_t)b * T + i) * ld + h * hs, tmp, sizeof(float) * hs);
+    // dq_i = sum_j dS_ij k_j
+    TileRow(rows, ds + (int64_t)ib * Tp, Tp, 1, k, hsp, nmax,
+            dqkv + ((int64_t)b * T + ib) * ld + h * hs, ld, hs);
   }
-  // dk_j = sum_{i>=j} dpre_ij q_i ; dv_j = sum_{i>=j} a_ij dy_i
-  for (int j = 0; j < T; ++j) {
-    const int n = T - j;
-    for (int i = j; i < T; ++i) acol[i - j] = a0[(int64_t)i * T + j];
-    WeightedRowSum(dpT + (int64_t)j * Tp + j, q + (int64_t)j * hsp, hsp, n, tmp);
-    WeightedRowSum(acol, dy + (int64_t)j * hsp, hsp, n, tmp2);
-    float* dst = dqkv + ((int64_t)b * T + j) * ld + h * hs;
-    std::memcpy(dst + C, tmp, sizeof(float) * hs);
-    std::memcpy(dst + 2 * C, tmp2, sizeof(float) * hs);
+  for (int jb = 0; jb < T; jb += kR) {
+    const int rows = std::min(kR, T - jb);
+    const int kn = T - jb;  // queries i >= jb (dS and P are zero where i < j)
+    float* dst = dqkv + ((int64_t)b * T + jb) * ld + h * hs;
+    // dk_j = sum_i dS_ij q_i ; dv_j = sum_i P_ij dy_i
+    TileRow(rows, ds + (int64_t)jb * Tp + jb, 1, Tp, q + (int64_t)jb * hsp, hsp, kn, dst + C, ld,
+            hs);
+    TileRow(rows, p + (int64_t)jb * Tp + jb, 1, Tp, dy + (int64_t)jb * hsp, hsp, kn, dst + 2 * C,
+            ld, hs);
   }
 }
 

@@ -2,7 +2,8 @@
 //
 // GEMM (M > kGemvRows, and all of matmulAbt/matmulAtb): GotoBLAS-style blocking. Per thread,
 // a KC x NC block of B is packed into NR-wide k-major panels (zero padded past N) and an
-// MC x KC block of A into MR-row k-major panels (zero padded past M); an MR x NR register tile
+// MC x KC block of A into MR-row panels (zero padded past M; row-major or k-major, whichever
+// the source copies straight into, see PackA); an MR x NR register tile
 // (MR rows x NV vectors) then runs over each panel pair. Packing absorbs the transposes of
 // matmulAbt (B = b^T) and matmulAtb (A = a^T), and the f16 -> f32 promotion of matmulF16's
 // B, so one micro-kernel serves all of them. Work is split over the pool by rows of C or by
@@ -55,27 +56,33 @@ constexpr int kKC = 256;  // k depth of a block: A panel MR*KC*4 = 8 KiB, B pane
 constexpr int kMC = kMR * 16;
 constexpr int kGemvRows = 4;
 
-// A(m,k) = a[m*am + k*ak] for rows [m0, m0+mc), k in [k0, k0+kc) -> MR-row panels
-// ap[panel][k][MR], zero padded past mc.
+// A(m,k) = a[m*am + k*ak] for rows [m0, m0+mc), k in [k0, k0+kc) -> MR-row panels, zero
+// padded past mc, laid out as the source makes a straight copy: row-major A (ak == 1: matmul,
+// matmulAbt) as row panels ap[panel][MR][kc] (each row one memcpy), column-major A (am == 1:
+// matmulAtb) as k-major panels ap[panel][kc][MR] (MR contiguous values per k). The
+// micro-kernel broadcasts from either (kRowPanel); an element-wise transpose here cost ~15%
+// of the GEMM time.
 HWY_NOINLINE void PackA(float* HWY_RESTRICT ap, const float* HWY_RESTRICT a, int64_t am, int64_t ak,
                         int m0, int mc, int k0, int kc) {
   for (int p = 0; p < mc; p += kMR) {
     float* dst = ap + (int64_t)p * kc;
     const int rows = std::min(kMR, mc - p);
     if (ak == 1) {
-      for (int i = 0; i < rows; ++i) {
-        const float* src = a + (int64_t)(m0 + p + i) * am + k0;
-        for (int k = 0; k < kc; ++k) dst[k * kMR + i] = src[k];
-      }
+      for (int i = 0; i < rows; ++i)
+        std::memcpy(dst + (int64_t)i * kc, a + (int64_t)(m0 + p + i) * am + k0, sizeof(float) * kc);
+      std::fill(dst + (int64_t)rows * kc, dst + (int64_t)kMR * kc, 0.0f);
     } else {  // am == 1 (matmulAtb): each k's MR values are contiguous
       for (int k = 0; k < kc; ++k) {
         const float* src = a + (int64_t)(k0 + k) * ak + m0 + p;
-        for (int i = 0; i < rows; ++i) dst[k * kMR + i] = src[i];
+        float* d = dst + k * kMR;
+        if (rows == kMR) {
+          std::memcpy(d, src, sizeof(float) * kMR);
+        } else {
+          for (int i = 0; i < rows; ++i) d[i] = src[i];
+          for (int i = rows; i < kMR; ++i) d[i] = 0.0f;
+        }
       }
     }
-    if (rows < kMR)
-      for (int k = 0; k < kc; ++k)
-        for (int i = rows; i < kMR; ++i) dst[k * kMR + i] = 0.0f;
   }
 }
 
@@ -138,7 +145,9 @@ HWY_NOINLINE void PackB(float* HWY_RESTRICT bp, const void* HWY_RESTRICT bsrc, i
   }
 }
 
-// C[rows<=MR, cols<=NR] (=/+=) ap[kc][MR] @ bp[kc][NR]. mode 0: C = acc (+ bias); 1: C += acc.
+// C[rows<=MR, cols<=NR] (=/+=) A @ bp[kc][NR], A the panel ap[MR][kc] (kRowPanel) or
+// ap[kc][MR]. add: C += acc; else C = acc (+ bias).
+template <bool kRowPanel>
 HWY_INLINE void MicroKernel(const float* HWY_RESTRICT ap, const float* HWY_RESTRICT bp, int kc,
                             float* HWY_RESTRICT c, int64_t ldc, int rows, int cols, bool add,
                             const float* HWY_RESTRICT bias) {
@@ -156,7 +165,7 @@ HWY_INLINE void MicroKernel(const float* HWY_RESTRICT ap, const float* HWY_RESTR
     for (int v = 0; v < kNV; ++v) b[v] = hn::Load(d, bp + (int64_t)k * NR + v * L);
 #pragma GCC unroll 16
     for (int i = 0; i < kMR; ++i) {
-      const VF a = hn::Set(d, ap[k * kMR + i]);
+      const VF a = hn::Set(d, kRowPanel ? ap[i * kc + k] : ap[k * kMR + i]);
 #pragma GCC unroll 4
       for (int v = 0; v < kNV; ++v) acc[i][v] = hn::MulAdd(a, b[v], acc[i][v]);
     }
@@ -175,23 +184,17 @@ HWY_INLINE void MicroKernel(const float* HWY_RESTRICT ap, const float* HWY_RESTR
         hn::StoreU(hn::Add(base, acc[i][v]), d, cr + v * L);
       }
     }
-  } else {  // partial columns: masked loads/stores never touch memory past cols
+  } else {  // partial columns: through a buffer, touching nothing past cols. (Highway's
+            // MaskedLoad / BlendedStore load and store whole vectors on SSE4/SSSE3: they read
+            // past the end of C and rewrote columns that another thread owns.)
+    HWY_ALIGN float tmp[kNV * HWY_LANES(float)];
 #pragma GCC unroll 16
     for (int i = 0; i < kMR; ++i) {
       if (i >= rows) break;
       float* cr = c + i * ldc;
 #pragma GCC unroll 4
-      for (int v = 0; v < kNV; ++v) {
-        const int left = cols - v * L;
-        if (left <= 0) break;
-        const auto m = hn::FirstN(d, std::min(left, L));
-        VF base = hn::Zero(d);
-        if (add)
-          base = hn::MaskedLoad(m, d, cr + v * L);
-        else if (bias)
-          base = hn::MaskedLoad(m, d, bias + v * L);
-        hn::BlendedStore(hn::Add(base, acc[i][v]), m, d, cr + v * L);
-      }
+      for (int v = 0; v < kNV; ++v) hn::Store(acc[i][v], d, tmp + v * L);
+      for (int j = 0; j < cols; ++j) cr[j] = (add ? cr[j] : bias ? bias[j] : 0.0f) + tmp[j];
     }
   }
 }
@@ -223,8 +226,13 @@ void GemmRange(float* c, const float* a, int64_t am, int64_t ak, const void* b, 
           const float* bpan = bp + (int64_t)jp * kc;
           const int cols = std::min(NR, nc - jp);
           for (int ip = 0; ip < mc; ip += kMR) {
-            MicroKernel(ap + (int64_t)ip * kc, bpan, kc, c + (int64_t)(mc0 + ip) * N + nc0 + jp, N,
-                        std::min(kMR, mc - ip), cols, add, bb ? bb + nc0 + jp : nullptr);
+            float* ct = c + (int64_t)(mc0 + ip) * N + nc0 + jp;
+            const int rows = std::min(kMR, mc - ip);
+            const float* bt = bb ? bb + nc0 + jp : nullptr;
+            if (ak == 1)
+              MicroKernel<true>(ap + (int64_t)ip * kc, bpan, kc, ct, N, rows, cols, add, bt);
+            else
+              MicroKernel<false>(ap + (int64_t)ip * kc, bpan, kc, ct, N, rows, cols, add, bt);
           }
         }
       }

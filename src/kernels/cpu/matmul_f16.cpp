@@ -47,7 +47,7 @@ constexpr int ChunkVecs(int R) {
   while (cv > 1 && (R * cv > kAccBudget || kPV % cv != 0)) --cv;
   return cv;
 }
-constexpr int kPrefetchK = 24;  // software prefetch distance in k steps (x NB*2 bytes = 3 KiB)
+constexpr int kPrefetchK = 64;  // software prefetch distance in k steps (x NB*2 bytes = 8 KiB)
 
 HWY_INLINE VF LoadF16(const uint16_t* p) {
   const DF d;
