@@ -70,6 +70,8 @@ def main():
             if s.get("device") == "cuda":
                 fused = int(s.get("fused_blocks", "0"))
                 form = f" step={'fused x' + str(fused) + ' blocks' if fused else 'op kernels'}"
+                if s.get("step_form") == "auto":
+                    form += " (default: the faster form)"
             us = f" ({float(s['us_token']):.1f} us/token)" if "us_token" in s else ""
             out.append(f"decode bundled config, path={s.get('path')} device={s.get('device', '?')}{form}: "
                        f"{float(s['tok_s']):.0f} tok/s{us} vs torch generate {float(ts['tok_s']):.0f} "

@@ -19,12 +19,15 @@ run() {
 }
 {
   echo "# $(date -u) $(nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader 2>/dev/null || echo '?')"
-  # Decode first (the goal): the fused step at the default (largest) cluster and at 8,
-  # the op kernels recorded per step (the previous form), the f32 path, the CPU.
+  # Decode first (the goal): the default (the faster of the fused launch and the op
+  # kernels, timed on the first step), each form forced (fused at 16 and 8 blocks), the f32
+  # path the same way, the CPU.
   run $BIN --device cuda $SAMPLE
+  run $BIN --device cuda $SAMPLE --decode-cluster 16
   run $BIN --device cuda $SAMPLE --decode-cluster 8
   run $BIN --device cuda $SAMPLE --no-fused-step
   run $BIN --device cuda --paths f32 $SAMPLE
+  run $BIN --device cuda --paths f32 $SAMPLE --decode-cluster 16
   run $BIN --device cuda --paths f32 $SAMPLE --no-fused-step
   run $BIN --device cpu bench sample $BUNDLED --tokens 200
   run env -u LD_LIBRARY_PATH PYTHONUNBUFFERED=1 $PY "$HERE/torch_cuda_peer.py"

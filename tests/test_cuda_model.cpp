@@ -94,6 +94,7 @@ TEST_F(CudaModel, StepGraphDecodeEqualsOpByOpDecode) {
     const int steps = std::min(120, m.config().blockSize - int(prompt.size()));
     auto run = [&](bool graphs) {
       m.setStepGraphs(graphs);
+      m.setFusedSteps(Gpt2::FusedSteps::On);
       m.resetCache();
       std::vector<float> logits(size_t(V), 0.f);
       m.forwardCached(prompt.data(), int(prompt.size()), logits.data());

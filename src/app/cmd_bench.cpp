@@ -91,7 +91,10 @@ void benchSample(const ModelArgs& a, const GlobalOptions& g) {
   Gpt2 m(*e.ops, a.cfg);
   m.initRandom(0);
   m.setPaths(e.paths.get());
-  m.setFusedSteps(a.fusedStep, a.decodeCluster);
+  const Gpt2::FusedSteps form = !a.fusedStep          ? Gpt2::FusedSteps::Off
+                                : a.decodeCluster > 0 ? Gpt2::FusedSteps::On
+                                                      : Gpt2::FusedSteps::Auto;
+  m.setFusedSteps(form, a.decodeCluster);
   m.prepareForInference();
   Generator gen(m);
   SampleOptions o;
@@ -110,11 +113,16 @@ void benchSample(const ModelArgs& a, const GlobalOptions& g) {
   const double med = secs[secs.size() / 2];
   std::printf(
       "peer=ptllm mode=sample device=%s n_layer=%d n_head=%d n_embd=%d block=%d threads=%d "
-      "path=%s step_graph=%d fused_blocks=%d params=%lld tokens=%d repeats=%zu secs=%.4f "
+      "path=%s step_graph=%d step_form=%s fused_blocks=%d params=%lld tokens=%d repeats=%zu "
+      "secs=%.4f "
       "secs_min=%.4f us_token=%.1f tok_s=%.2f\n",
       e.ops->name(), a.cfg.nLayer, a.cfg.nHead, a.cfg.nEmbd, a.cfg.blockSize, threadCount(),
-      pathName(m).c_str(), int(m.usedStepGraph()), m.usedFusedStep(), (long long)m.numParams(),
-      a.tokens, secs.size(), med, secs.front(), med / a.tokens * 1e6, a.tokens / med);
+      pathName(m).c_str(), int(m.usedStepGraph()),
+      form == Gpt2::FusedSteps::Auto ? "auto"
+      : form == Gpt2::FusedSteps::On ? "fused"
+                                     : "ops",
+      m.usedFusedStep(), (long long)m.numParams(), a.tokens, secs.size(), med, secs.front(),
+      med / a.tokens * 1e6, a.tokens / med);
 }
 
 // Median seconds of fn over `iters` calls after 3 warm-ups.
@@ -210,10 +218,12 @@ void addBenchCommand(CLI::App& app, GlobalOptions& g) {
   sample->add_option("--repeats", a->repeats, "timed generations; the median is reported")
       ->capture_default_str();
   sample->add_flag("!--no-fused-step", a->fusedStep,
-                   "record the op kernels per decode step instead of the fused launch");
+                   "record the op kernels per decode step (default: the faster of them and "
+                   "the fused launch, timed on the first step)");
   sample
       ->add_option("--decode-cluster", a->decodeCluster,
-                   "blocks of the fused decode launch (0: the backend's choice)")
+                   "always the fused decode launch, of this many blocks (0: the faster form, "
+                   "the backend's launch size)")
       ->capture_default_str();
   sample->callback([a, &g] {
     g.apply();

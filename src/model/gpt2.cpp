@@ -1,6 +1,7 @@
 #include "model/gpt2.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <mutex>
 
@@ -465,17 +466,30 @@ bool Gpt2::decodeWithStepGraph(int32_t token, float* logitsOut) {
   if (it == stepGraphs_.end()) {
     // The fused step where it may run; if recording it fails, the op-by-op kernels (recorded);
     // if that fails too, op by op from now on. Each fallback says so once.
-    const bool fused = fusedStepsOn_ && !fusedStepsBroken_ && (!path || path->fusedDecode);
+    const bool fused =
+        fusedSteps_ != FusedSteps::Off && !fusedStepsBroken_ && (!path || path->fusedDecode);
     try {
+      StepRecording rec;
       try {
-        recordDecodeStep(path, fused);
+        rec = recordDecodeStep(path, fused);
       } catch (const std::exception& ex) {
         if (!fused) throw;
         fusedStepsBroken_ = true;
         std::fprintf(stderr, "[ops] fused decode step unavailable (%s): recording the op kernels\n",
                      ex.what());
-        recordDecodeStep(path, false);
+        rec = recordDecodeStep(path, false);
       }
+      if (rec.fusedBlocks > 0 && fusedSteps_ == FusedSteps::Auto) {
+        // Which form is faster depends on the device and the path's weight format (on an H200
+        // the fused launch wins for f32, the op kernels for f16-storage): time both, keep one.
+        try {
+          StepRecording opKernels = recordDecodeStep(path, false);
+          if (stepMicros(opKernels, token) < stepMicros(rec, token)) rec = std::move(opKernels);
+        } catch (const std::exception&) {
+          // the fused recording stands
+        }
+      }
+      stepGraphs_[path] = std::move(rec);
     } catch (const std::exception& ex) {
       stepGraphsBroken_ = true;
       std::fprintf(stderr, "[ops] decode step graph unavailable (%s): running op by op\n",
@@ -542,7 +556,7 @@ Ops::DecodeStepArgs Gpt2::fusedStepArgs(const PathEntry* path) {
 // The one-token forward of forwardCached with the position read from the device: recorded, not
 // run — one fused launch when `fused` and the backend takes these shapes, else the op kernels.
 // Weights are packed first (packing synchronises, which a recording cannot).
-void Gpt2::recordDecodeStep(const PathEntry* path, bool fused) {
+Gpt2::StepRecording Gpt2::recordDecodeStep(const PathEntry* path, bool fused) {
   if (path && path->prepare)
     for (auto& L : layers_)
       for (Linear* l : {&L.attn, &L.proj, &L.fc, &L.fcProj})
@@ -562,7 +576,27 @@ void Gpt2::recordDecodeStep(const PathEntry* path, bool fused) {
     }
     throw;
   }
-  stepGraphs_[path] = {ops_.endStepCapture(), fusedBlocks};
+  return {ops_.endStepCapture(), fusedBlocks};
+}
+
+// Microseconds one replay of `rec` takes at the current position: the best of three runs of
+// eight back-to-back replays. Replaying a step is idempotent (it rewrites the same cache row and
+// outputs from the same inputs), so timing it changes nothing the next replay sees.
+double Gpt2::stepMicros(StepRecording& rec, int32_t token) {
+  std::vector<float> sink(size_t(cfg_.vocabSize));
+  ops_.setDecodeStep(static_cast<int32_t*>(stepIds_->ptr), token, cachePos_);
+  rec.graph->replay();  // warm-up
+  ops_.download(sink.data(), inferActs_->logits);
+  double best = 1e30;
+  for (int run = 0; run < 3; ++run) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < 8; ++i) rec.graph->replay();
+    ops_.download(sink.data(), inferActs_->logits);  // waits for the replays
+    const double us =
+        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+    best = std::min(best, us / 8);
+  }
+  return best;
 }
 
 // The op-by-op one-token step (inside a capture).

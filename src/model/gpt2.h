@@ -119,10 +119,14 @@ class Gpt2 {
   }
   bool usedStepGraph() const { return usedStepGraph_; }  // the last forwardCached replayed one
   // A recorded step is one fused launch (Ops::decodeStepFused) where the backend has one and
-  // the path allows it (f32, or a path with PathEntry::fusedDecode); otherwise the op-by-op
-  // kernels. On by default. `clusterBlocks` 0: the backend's choice (benchmarks vary it).
-  void setFusedSteps(bool on, int clusterBlocks = 0) {
-    fusedStepsOn_ = on;
+  // the path allows it (f32, or a path with PathEntry::fusedDecode), or the op-by-op kernels.
+  // The two compute every element alike (bit-identical, tests/test_cuda_decode_step.cpp), so
+  // the choice is speed only. Auto (the default): both are recorded and timed on the first
+  // step, the faster is kept. On: the fused launch wherever it can run. Off: the op kernels.
+  // `clusterBlocks` 0: the backend's choice of fused launch size (benchmarks vary it).
+  enum class FusedSteps { Off, Auto, On };
+  void setFusedSteps(FusedSteps mode, int clusterBlocks = 0) {
+    fusedSteps_ = mode;
     fusedClusterBlocks_ = clusterBlocks;
     stepGraphs_.clear();
   }
@@ -140,7 +144,9 @@ class Gpt2 {
   void ensureActs(int B, int T);
   void ensureCache();
   bool decodeWithStepGraph(int32_t token, float* logitsOut);
-  void recordDecodeStep(const PathEntry* path, bool fused);
+  struct StepRecording;
+  StepRecording recordDecodeStep(const PathEntry* path, bool fused);
+  double stepMicros(StepRecording& rec, int32_t token);
   void recordOpSteps(const PathEntry* path);
   Ops::DecodeStepArgs fusedStepArgs(const PathEntry* path);
 
@@ -171,7 +177,8 @@ class Gpt2 {
   std::shared_ptr<Buffer> stepIds_;
   Tensor stepQkv_;
   bool stepGraphsOn_ = true, stepGraphsBroken_ = false, usedStepGraph_ = false;
-  bool fusedStepsOn_ = true, fusedStepsBroken_ = false;
+  FusedSteps fusedSteps_ = FusedSteps::Auto;
+  bool fusedStepsBroken_ = false;
   int fusedClusterBlocks_ = 0, usedFusedStep_ = 0;
 };
 
