@@ -22,6 +22,9 @@ run() {
   # Decode first (the goal): the default (the faster of the fused launch and the op
   # kernels, timed on the first step), each form forced (fused at 16 and 8 blocks), the f32
   # path the same way, the CPU.
+  # A throwaway generation first: the session's first command ran ~10% slow (clocks ramping,
+  # bench/results/cuda-20261203-*.txt), which made the default look slower than its own form.
+  $BIN --device cuda bench sample $BUNDLED --tokens 200 > /dev/null 2>&1 || true
   run $BIN --device cuda $SAMPLE
   run $BIN --device cuda $SAMPLE --decode-cluster 16
   run $BIN --device cuda $SAMPLE --decode-cluster 8
