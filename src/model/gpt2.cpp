@@ -466,8 +466,12 @@ bool Gpt2::decodeWithStepGraph(int32_t token, float* logitsOut) {
   if (it == stepGraphs_.end()) {
     // The fused step where it may run; if recording it fails, the op-by-op kernels (recorded);
     // if that fails too, op by op from now on. Each fallback says so once.
-    const bool fused =
-        fusedSteps_ != FusedSteps::Off && !fusedStepsBroken_ && (!path || path->fusedDecode);
+    // Auto: the form timed faster for this path, once; recordings are remade after every
+    // weight update, the choice is kept (it depends on the device and the path, not the values).
+    const auto chosen = fusedFaster_.find(path);
+    const bool timed = fusedSteps_ == FusedSteps::Auto && chosen != fusedFaster_.end();
+    const bool fused = fusedSteps_ != FusedSteps::Off && !fusedStepsBroken_ &&
+                       (!path || path->fusedDecode) && (!timed || chosen->second);
     try {
       StepRecording rec;
       try {
@@ -479,15 +483,20 @@ bool Gpt2::decodeWithStepGraph(int32_t token, float* logitsOut) {
                      ex.what());
         rec = recordDecodeStep(path, false);
       }
-      if (rec.fusedBlocks > 0 && fusedSteps_ == FusedSteps::Auto) {
+      if (rec.fusedBlocks > 0 && fusedSteps_ == FusedSteps::Auto && !timed) {
         // Which form is faster depends on the device and the path's weight format (on an H200
-        // the fused launch wins for f32, the op kernels for f16-storage): time both, keep one.
+        // the fused launch wins 3x for f32 and ties with the op kernels for f16-storage).
+        bool fusedWins = true;
         try {
           StepRecording opKernels = recordDecodeStep(path, false);
-          if (stepMicros(opKernels, token) < stepMicros(rec, token)) rec = std::move(opKernels);
+          if (stepMicros(opKernels, token) < stepMicros(rec, token)) {
+            rec = std::move(opKernels);
+            fusedWins = false;
+          }
         } catch (const std::exception&) {
           // the fused recording stands
         }
+        fusedFaster_[path] = fusedWins;
       }
       stepGraphs_[path] = std::move(rec);
     } catch (const std::exception& ex) {

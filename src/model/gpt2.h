@@ -121,14 +121,16 @@ class Gpt2 {
   // A recorded step is one fused launch (Ops::decodeStepFused) where the backend has one and
   // the path allows it (f32, or a path with PathEntry::fusedDecode), or the op-by-op kernels.
   // The two compute every element alike (bit-identical, tests/test_cuda_decode_step.cpp), so
-  // the choice is speed only. Auto (the default): both are recorded and timed on the first
-  // step, the faster is kept. On: the fused launch wherever it can run. Off: the op kernels.
-  // `clusterBlocks` 0: the backend's choice of fused launch size (benchmarks vary it).
+  // the choice is speed only. Auto (the default): both are recorded and timed on a path's first
+  // step, the faster is kept, and the choice outlives the recordings (remade after updates). On:
+  // the fused launch wherever it can run. Off: the op kernels. `clusterBlocks` 0: the backend's
+  // choice of fused launch size (benchmarks vary it).
   enum class FusedSteps { Off, Auto, On };
   void setFusedSteps(FusedSteps mode, int clusterBlocks = 0) {
     fusedSteps_ = mode;
     fusedClusterBlocks_ = clusterBlocks;
     stepGraphs_.clear();
+    fusedFaster_.clear();
   }
   // Blocks of the fused launch the last forwardCached replayed (0: none, op-by-op kernels).
   int usedFusedStep() const { return usedFusedStep_; }
@@ -178,6 +180,7 @@ class Gpt2 {
   Tensor stepQkv_;
   bool stepGraphsOn_ = true, stepGraphsBroken_ = false, usedStepGraph_ = false;
   FusedSteps fusedSteps_ = FusedSteps::Auto;
+  std::map<const PathEntry*, bool> fusedFaster_;  // Auto's timed choice per path
   bool fusedStepsBroken_ = false;
   int fusedClusterBlocks_ = 0, usedFusedStep_ = 0;
 };
