@@ -27,6 +27,35 @@ struct Smem {
   float red[32];
 };
 
+// The scores sm.s[0, Tk) (this thread's maximum in mx) become probabilities in place and in
+// attRow: block-wide max, exp, block-wide sum, one multiply by its inverse.
+inline __device__ void softmaxScores(Smem& sm, float* attRow, int Tk, float mx) {
+  mx = blockReduce(mx, MaxOp{}, -INFINITY, sm.red);
+  float sum = 0.0f;
+  for (int j = threadIdx.x; j < Tk; j += kThreads) {
+    const float e = expf(sm.s[j] - mx);
+    sm.s[j] = e;
+    sum += e;
+  }
+  const float inv = 1.0f / blockReduce(sum, SumOp{}, 0.0f, sm.red);
+  for (int j = threadIdx.x; j < Tk; j += kThreads) {
+    sm.s[j] *= inv;
+    attRow[j] = sm.s[j];
+  }
+  __syncthreads();
+}
+
+// out[d] for d < hs: the warps' partial value sums sm.partial[*][d], added in warp order.
+inline __device__ void sumPartials(Smem& sm, float* out, int hs) {
+  __syncthreads();
+  for (int d = threadIdx.x; d < hs; d += kThreads) {
+    float o = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) o += sm.partial[w][d];
+    out[d] = o;
+  }
+}
+
 // The query row of one head at position Tk-1 over keys/values 0..Tk-1; `base` points at the
 // head's channels of row 0 of a [*, 3C] fused qkv (q | k | v), rows `stride` floats apart.
 // Writes out[hs] and attRow[Tk] (the probabilities). Any head size 1..kMaxHs.
@@ -44,19 +73,7 @@ inline __device__ void queryAnyHs(Smem& sm, float* out, float* attRow, const flo
     sm.s[j] = scale * dot;
     mx = fmaxf(mx, sm.s[j]);
   }
-  mx = blockReduce(mx, MaxOp{}, -INFINITY, sm.red);
-  float sum = 0.0f;
-  for (int j = threadIdx.x; j < Tk; j += kThreads) {
-    const float e = expf(sm.s[j] - mx);
-    sm.s[j] = e;
-    sum += e;
-  }
-  const float inv = 1.0f / blockReduce(sum, SumOp{}, 0.0f, sm.red);
-  for (int j = threadIdx.x; j < Tk; j += kThreads) {
-    sm.s[j] *= inv;
-    attRow[j] = sm.s[j];
-  }
-  __syncthreads();
+  softmaxScores(sm, attRow, Tk, mx);
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   for (int j = warp; j < Tk; j += kWarps) {
     const float* v = base + j * stride + 2 * C;
@@ -72,13 +89,7 @@ inline __device__ void queryAnyHs(Smem& sm, float* out, float* attRow, const flo
     const int d = lane + 32 * r;
     if (d < hs) sm.partial[warp][d] = acc[r];
   }
-  __syncthreads();
-  for (int d = threadIdx.x; d < hs; d += kThreads) {
-    float o = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) o += sm.partial[w][d];
-    out[d] = o;
-  }
+  sumPartials(sm, out, hs);
 }
 
 // queryAnyHs for a head size known at compile time (a multiple of 32) and 16-byte aligned
@@ -110,19 +121,7 @@ __device__ void queryFixedHs(Smem& sm, float* out, float* attRow, const float* b
     sm.s[j] = scale * dot;
     mx = fmaxf(mx, sm.s[j]);
   }
-  mx = blockReduce(mx, MaxOp{}, -INFINITY, sm.red);
-  float sum = 0.0f;
-  for (int j = threadIdx.x; j < Tk; j += kThreads) {
-    const float e = expf(sm.s[j] - mx);
-    sm.s[j] = e;
-    sum += e;
-  }
-  const float inv = 1.0f / blockReduce(sum, SumOp{}, 0.0f, sm.red);
-  for (int j = threadIdx.x; j < Tk; j += kThreads) {
-    sm.s[j] *= inv;
-    attRow[j] = sm.s[j];
-  }
-  __syncthreads();
+  softmaxScores(sm, attRow, Tk, mx);
   float acc[HS / 32];
 #pragma unroll
   for (int r = 0; r < HS / 32; ++r) acc[r] = 0.0f;
@@ -135,13 +134,7 @@ __device__ void queryFixedHs(Smem& sm, float* out, float* attRow, const float* b
   }
 #pragma unroll
   for (int r = 0; r < HS / 32; ++r) sm.partial[warp][lane + 32 * r] = acc[r];
-  __syncthreads();
-  for (int d = threadIdx.x; d < HS; d += kThreads) {
-    float o = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) o += sm.partial[w][d];
-    out[d] = o;
-  }
+  sumPartials(sm, out, HS);
 }
 
 // The decode attention of one head (the choice depends only on the arguments, so every caller
