@@ -111,14 +111,6 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
 // sum, fmaf(sum, 1, bias). Only the schedule differs: warps per block (WPB), loads in flight per
 // lane and column (U), columns per warp at once (CPW), the L2 prefetch hint, and a persistent
 // grid (as many blocks as fit, columns grid-strided) instead of one warp per column.
-__device__ inline uint4 loadStreamingNoHint(const uint4* p) {
-  uint4 v;
-  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(p));
-  return v;
-}
-
 template <int WPB, int U, int CPW, bool kHint, bool kPersistent>
 __global__ void __launch_bounds__(WPB * 32)
     gemvF16VariantKernel(float* __restrict__ out, const float* __restrict__ in,
@@ -143,8 +135,7 @@ __global__ void __launch_bounds__(WPB * 32)
         for (int u = 0; u < U; ++u) {
           const int v = v0 + u * 32;
           const bool ok = n < N && v < nvec;
-          wv[c][u] = ok ? (kHint ? loadStreaming(row + v) : loadStreamingNoHint(row + v))
-                        : make_uint4(0, 0, 0, 0);
+          wv[c][u] = ok ? loadStreaming<kHint>(row + v) : make_uint4(0, 0, 0, 0);
         }
       }
 #pragma unroll

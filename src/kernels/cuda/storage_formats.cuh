@@ -55,13 +55,19 @@ __device__ __forceinline__ void unpackVec(const uint4& v, float* f) {
   }
 }
 
-// A streamed weight load: read once per call, so keep it out of L1 and ask L2 for the whole
-// 256-byte sector group (the next lanes' bytes arrive with it).
+// A streamed weight load: read once per call, so keep it out of L1 and (kL2Prefetch) ask L2 for
+// the whole 256-byte sector group (the next lanes' bytes arrive with it).
+template <bool kL2Prefetch = true>
 __device__ __forceinline__ uint4 loadStreaming(const uint4* p) {
   uint4 v;
-  asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];\n"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(p));
+  if constexpr (kL2Prefetch)
+    asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(p));
+  else
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(p));
   return v;
 }
 
