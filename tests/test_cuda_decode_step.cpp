@@ -456,21 +456,12 @@ TEST_F(CudaDecodeStep, ModelDecodeWithFusedStepsEqualsOpByOp) {
         m.setFusedSteps(mode == Mode::Fused  ? Gpt2::FusedSteps::On
                         : mode == Mode::Auto ? Gpt2::FusedSteps::Auto
                                              : Gpt2::FusedSteps::Off);
-        m.resetCache();
-        std::vector<float> logits(size_t(cfg.vocabSize), 0.f);
-        m.forwardCached(prompt.data(), int(prompt.size()), logits.data());
-        std::vector<std::vector<float>> all;
-        for (int i = 0; i < steps; ++i) {
-          const int32_t tok =
-              int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
-          m.forwardCached(&tok, 1, logits.data());
+        return test::greedyStepLogits(m, prompt, steps, [&] {
           EXPECT_EQ(m.usedStepGraph(), mode != Mode::OpByOp);
           if (mode != Mode::Auto) {
             EXPECT_EQ(m.usedFusedStep() > 0, mode == Mode::Fused);
           }
-          all.push_back(logits);
-        }
-        return all;
+        });
       };
       const auto opByOp = run(Mode::OpByOp), opGraph = run(Mode::OpGraph), fused = run(Mode::Fused);
       const auto chosen = run(Mode::Auto);

@@ -14,6 +14,7 @@
 #include "kernels/ops.h"
 #include "model/checkpoint.h"
 #include "model/sampler.h"
+#include "test_util.h"
 
 namespace ptllm {
 namespace {
@@ -89,25 +90,15 @@ TEST_F(CudaModel, StepGraphDecodeEqualsOpByOpDecode) {
     LoadedModel lm = loadCheckpoint(*gpu, kModel);
     Gpt2& m = *lm.model;
     m.setPaths(&set);
-    const int V = m.config().vocabSize;
     const std::vector<int32_t> prompt = lm.tokenizer->encode("ROMEO:", "prompt");
     const int steps = std::min(120, m.config().blockSize - int(prompt.size()));
     auto run = [&](bool graphs) {
       m.setStepGraphs(graphs);
       m.setFusedSteps(Gpt2::FusedSteps::On);
-      m.resetCache();
-      std::vector<float> logits(size_t(V), 0.f);
-      m.forwardCached(prompt.data(), int(prompt.size()), logits.data());
-      std::vector<std::vector<float>> all;
-      for (int i = 0; i < steps; ++i) {
-        const int32_t tok =
-            int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
-        m.forwardCached(&tok, 1, logits.data());
+      return test::greedyStepLogits(m, prompt, steps, [&] {
         EXPECT_EQ(m.usedStepGraph(), graphs);
         EXPECT_EQ(m.usedFusedStep() > 0, graphs);  // f32 and f16-storage both run fused
-        all.push_back(logits);
-      }
-      return all;
+      });
     };
     const auto opByOp = run(false), replayed = run(true);
     ASSERT_EQ(opByOp.size(), replayed.size());

@@ -4,12 +4,14 @@
 #include <hwy/targets.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <stdexcept>
 
 #include "core/rng.h"
+#include "model/gpt2.h"
 
 namespace ptllm::test {
 
@@ -75,6 +77,22 @@ void writeText(const std::string& path, const std::string& text) {
   std::ofstream f(path, std::ios::binary);
   f << text;
   if (!f) throw std::runtime_error("cannot write " + path);
+}
+
+std::vector<std::vector<float>> greedyStepLogits(Gpt2& m, const std::vector<int32_t>& prompt,
+                                                 int steps,
+                                                 const std::function<void()>& afterStep) {
+  m.resetCache();
+  std::vector<float> logits(size_t(m.config().vocabSize), 0.f);
+  m.forwardCached(prompt.data(), int(prompt.size()), logits.data());
+  std::vector<std::vector<float>> all;
+  for (int i = 0; i < steps; ++i) {
+    const int32_t tok = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    m.forwardCached(&tok, 1, logits.data());
+    if (afterStep) afterStep();
+    all.push_back(logits);
+  }
+  return all;
 }
 
 std::string sampleText(size_t n, uint64_t seed) {

@@ -8,6 +8,10 @@
 #include <string>
 #include <vector>
 
+namespace ptllm {
+class Gpt2;
+}
+
 namespace ptllm::test {
 
 std::vector<float> randomVector(size_t n, uint64_t seed, float lo = -1.0f, float hi = 1.0f);
@@ -33,6 +37,12 @@ class TempDir {
  private:
   std::string path_;
 };
+
+// Greedy decode with the KV cache from an empty cache: the prompt, then `steps` tokens, each the
+// argmax of the last logits. Returns each step's logits; afterStep runs after every step.
+std::vector<std::vector<float>> greedyStepLogits(Gpt2& m, const std::vector<int32_t>& prompt,
+                                                 int steps,
+                                                 const std::function<void()>& afterStep = {});
 
 void writeText(const std::string& path, const std::string& text);
 // A deterministic pseudo-English text of about n bytes for training tests.
