@@ -19,8 +19,18 @@ if(PTLLM_HAVE_CUDA)
   # sm_90 SASS plus PTX so other GPUs JIT-compile.
   set(CMAKE_CUDA_ARCHITECTURES 90-real 90-virtual)
   file(GLOB cuda_srcs CONFIGURE_DEPENDS src/kernels/cuda/*.cu src/kernels/cuda/*.cpp)
-  list(FILTER cuda_srcs EXCLUDE REGEX "cuda_stub.cpp$")
+  list(FILTER cuda_srcs EXCLUDE REGEX "cuda_stub.cpp$|_sm90a.cu$")
   add_library(ptllm_kernels_cuda STATIC ${cuda_srcs})
+  # Kernels that use Hopper-only instructions (wgmma, setmaxnreg): sm_90a machine code only, no
+  # PTX (it would not JIT anywhere else); the host side asks wgmmaGemmAvailable() before use.
+  file(GLOB sm90a_srcs CONFIGURE_DEPENDS src/kernels/cuda/*_sm90a.cu)
+  add_library(ptllm_kernels_cuda_sm90a OBJECT ${sm90a_srcs})
+  set_target_properties(ptllm_kernels_cuda_sm90a PROPERTIES CUDA_ARCHITECTURES OFF)
+  target_compile_options(ptllm_kernels_cuda_sm90a PRIVATE
+    $<$<COMPILE_LANGUAGE:CUDA>:-gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -lineinfo>)
+  target_include_directories(ptllm_kernels_cuda_sm90a PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/src)
+  target_link_libraries(ptllm_kernels_cuda_sm90a PRIVATE ptllm_core nlohmann_json::nlohmann_json CUDA::cudart)
+  target_sources(ptllm_kernels_cuda PRIVATE $<TARGET_OBJECTS:ptllm_kernels_cuda_sm90a>)
   # Keep host code warning-free too; relaxed constexpr for std:: helpers in device code.
   target_compile_options(ptllm_kernels_cuda PRIVATE
     $<$<COMPILE_LANGUAGE:CUDA>:--expt-relaxed-constexpr -lineinfo>)

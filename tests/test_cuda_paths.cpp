@@ -8,6 +8,7 @@
 #include <cstring>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -253,6 +254,64 @@ TEST_F(CudaPaths, GemvVariantsEqualMatmulF16BitForBit) {
       ops->download(got.data(), dOut);
       EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0)
           << "max |diff| " << test::maxAbsDiff(got.data(), want.data(), got.size());
+    }
+  }
+}
+
+// Every tensor-core tile kernel this GPU runs (on Hopper the wgmma + TMA ones and mma.sync)
+// against a double-precision product of the same f16 operands, through the row-scale and bias
+// epilogue: tails in M and N, an odd count of 128-row tiles (the 2-CTA clusters' spare tile),
+// one K step to many, K past Kp's padding. Outputs poisoned first.
+TEST_F(CudaPaths, TensorCoreTileKernelsEqualTheReferenceOnF16Operands) {
+  ASSERT_GE(cuda::gemmF16VariantCount(), 1);
+  uint64_t seed = 500;
+  for (auto [M, N, K] : {std::tuple{1, 8, 64},
+                         {64, 256, 64},
+                         {65, 257, 100},
+                         {128, 512, 128},
+                         {129, 300, 1031},
+                         {300, 2304, 768},
+                         {383, 130, 4096},
+                         {512, 1024, 256}}) {
+    SCOPED_TRACE(::testing::Message() << M << "x" << N << "x" << K);
+    const int Kp = cuda::paddedK(K);
+    auto a = test::randomVector(size_t(M) * K, ++seed);
+    auto b = test::randomVector(size_t(N) * K, ++seed, -0.2f, 0.2f);
+    for (float& x : a) x = roundF16(x);
+    for (float& x : b) x = roundF16(x);
+    std::vector<float> rowScale(static_cast<size_t>(M));
+    for (int m = 0; m < M; ++m) rowScale[size_t(m)] = std::ldexp(1.f, m % 5 - 2);
+    const auto bias = test::randomVector(size_t(N), ++seed);
+    // packF16 turns a [K][rows] f32 matrix into [rows][Kp] f16: upload the transposes.
+    auto packed = [&](const std::vector<float>& rowsK, int rows) {
+      std::vector<float> t(rowsK.size());
+      for (int r = 0; r < rows; ++r)
+        for (int k = 0; k < K; ++k) t[size_t(k) * rows + r] = rowsK[size_t(r) * K + k];
+      Tensor staging = ops->alloc({K, rows});
+      ops->upload(staging, t.data());
+      auto buf = ops->allocBytes(cuda::f16PackedBytes(K, rows));
+      EXPECT_TRUE(cuda::packF16(buf->ptr, staging.data(), K, rows));
+      return buf;
+    };
+    const auto a16 = packed(a, M), b16 = packed(b, N);
+    Tensor dScale = ops->alloc({M}), dBias = ops->alloc({N}), dC = ops->alloc({M, N});
+    ops->upload(dScale, rowScale.data());
+    ops->upload(dBias, bias.data());
+    std::vector<float> want(size_t(M) * N), got(want.size());
+    for (int m = 0; m < M; ++m)
+      for (int n = 0; n < N; ++n) {
+        double acc = 0;
+        for (int k = 0; k < K; ++k) acc += double(a[size_t(m) * K + k]) * b[size_t(n) * K + k];
+        want[size_t(m) * N + n] = float(acc * rowScale[size_t(m)] + bias[size_t(n)]);
+      }
+    for (int v = 0; v < cuda::gemmF16VariantCount(); ++v) {
+      SCOPED_TRACE(cuda::gemmF16VariantName(v));
+      ops->fill(dC.data(), std::nanf(""), dC.numel());
+      cuda::gemmF16Variant(v, dC.data(), a16->ptr, b16->ptr, dScale.data(), dBias.data(), M, N, Kp);
+      ops->download(got.data(), dC);
+      ASSERT_TRUE(test::allFinite(got.data(), got.size()));
+      EXPECT_LT(test::worstRatio(got.data(), want.data(), got.size(), 4e-5 * std::sqrt(K), 1e-5),
+                1.0);
     }
   }
 }

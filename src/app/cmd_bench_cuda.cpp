@@ -155,6 +155,19 @@ void benchGemm(Ops& ops, int n, int iters) {
       "cublaslt_tflops=%.1f ours_over_cublaslt=%.3f max_abs_diff=%.3e max_abs=%.3e\n",
       n, n, n, msOurs, msLt, flop / msOurs / 1e9, flop / msLt / 1e9, msLt / msOurs, maxDiff,
       maxRef);
+  // Every tile kernel this GPU runs (the path's first), each against cuBLASLt's result.
+  for (int v = 0; v < cuda::gemmF16VariantCount(); ++v) {
+    const double ms = cudaMedianMs(
+        [&] { cuda::gemmF16Variant(v, c1.data(), a16->ptr, b16->ptr, nullptr, nullptr, n, n, Kp); },
+        iters);
+    ops.download(h1.data(), c1);
+    double diff = 0;
+    for (size_t i = 0; i < h1.size(); ++i) diff = std::max(diff, double(std::fabs(h1[i] - h2[i])));
+    std::printf(
+        "peer=ptllm mode=gemm-variant kernel=%s M=%d N=%d K=%d ms=%.3f tflops=%.1f "
+        "over_cublaslt=%.3f max_abs_diff=%.3e\n",
+        cuda::gemmF16VariantName(v), n, n, n, ms, flop / ms / 1e9, msLt / ms, diff);
+  }
 }
 
 void benchCuda(GlobalOptions g, int iters, bool gemm) {

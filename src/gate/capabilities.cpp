@@ -126,6 +126,7 @@ Capabilities detect() {
   c.flags["cuda"] = gpu.available;
   c.flags["cuda_tensor_cores"] = gpu.available && gpu.tensorCoresF16;
   c.flags["cuda_fp8"] = gpu.available && gpu.fp8;
+  c.flags["cuda_wgmma"] = gpu.available && gpu.wgmma;
   return c;
 }
 

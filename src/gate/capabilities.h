@@ -18,7 +18,8 @@ struct Capabilities {
   // Flag name -> usable (CPU has it AND the OS saves its register state). Names, all listed
   // even when false: f16c fma avx avx2 avx512f avx512dq avx512bw avx512vl avx512_bf16
   // avx512_fp16 avx_vnni avx512_vnni amx_tile amx_bf16 amx_int8; and the GPU's: cuda (a usable
-  // device 0), cuda_tensor_cores (f16 mma, sm_80+), cuda_fp8 (e4m3, sm_89+).
+  // device 0), cuda_tensor_cores (f16 mma, sm_80+), cuda_fp8 (e4m3, sm_89+), cuda_wgmma
+  // (Hopper warpgroup MMA + TMA, cc 9.0: the tensor-core-f16 path's large-M kernel).
   std::map<std::string, bool> flags;
   std::string gpu;         // "NVIDIA H200 (sm_90, ...)" or "no GPU: <why>"
   nlohmann::json gpuJson;  // kernels/cuda/cuda_device.h CudaDeviceInfo::toJson()

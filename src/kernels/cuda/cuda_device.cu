@@ -42,6 +42,7 @@ CudaDeviceInfo detect() {
   const int cc = p.major * 10 + p.minor;
   d.tensorCoresF16 = cc >= 80;  // the kernels use mma.sync m16n8k16 (sm_80+)
   d.fp8 = cc >= 89;             // e4m3 conversions and tensor cores (Ada, Hopper)
+  d.wgmma = cc == 90;           // matmul_tensor_core_sm90a.cu is sm_90a machine code only
   if (cc < 70) {
     d.reason = fmt::format("compute capability {}.{} is below the backend's 7.0", p.major, p.minor);
     return d;

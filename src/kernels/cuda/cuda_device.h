@@ -23,6 +23,7 @@ struct CudaDeviceInfo {
   int runtimeVersion = 0;       // e.g. 13000
   bool tensorCoresF16 = false;  // mma.sync f16 -> f32 (sm_70+; we use the sm_80 shapes)
   bool fp8 = false;             // e4m3 tensor cores (sm_89+)
+  bool wgmma = false;           // Hopper warpgroup MMA + TMA (our sm_90a code: cc 9.0 exactly)
   nlohmann::json toJson() const;
   std::string summary() const;  // "NVIDIA H200 (sm_90, 132 SMs, 139.8 GiB, driver 13.0)"
 };

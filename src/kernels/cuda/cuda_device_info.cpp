@@ -18,6 +18,7 @@ nlohmann::json CudaDeviceInfo::toJson() const {
     j["l2_bytes"] = l2Bytes;
     j["tensor_cores_f16"] = tensorCoresF16;
     j["fp8"] = fp8;
+    j["wgmma"] = wgmma;
   }
   j["driver_version"] = driverVersion;
   j["runtime_version"] = runtimeVersion;

@@ -40,15 +40,22 @@ void gemvF16Variant(int variant, float* out, const float* in, const void* w, con
 // must catch). Never registered in the product.
 bool packF16Truncated(void* dst, const float* w, int K, int N);
 
-// ---- matmul_tensor_core.cu: f16 tensor cores (mma.sync m16n8k16, f32 accumulate) ----
+// ---- matmul_tensor_core.cu: f16 tensor cores (f32 accumulate) ----
 // Weights: packF16's layout. Activations are converted per call to f16 with a power-of-two
 // scale per row (max |row| lands in [256, 512)), so a row's range never overflows f16; the
 // scale is undone exactly in the f32 epilogue.
 void matmulTensorCoreF16(float* out, const float* in, const void* w, const float* bias, int M,
                          int K, int N);
 // The raw tile kernel on f16 operands (benchmarks): c[M,N] = a[M,Kp] . b[N,Kp]^T, f32 out.
-// Kp must be a multiple of 64; a and b rows Kp apart.
+// Kp must be a multiple of 64; a and b rows Kp apart. On Hopper (sm_90a) a wgmma + TMA kernel
+// serves from 64 rows on, the mma.sync kernel below that and on every other GPU.
 void gemmF16TensorCore(float* c, const void* a, const void* b, int M, int N, int Kp);
+// Every tile kernel this GPU runs, the path's own first (tests, benchmarks):
+// c[M,N] = (a . b^T) * rowScale[m] + bias[n], rowScale and bias may be null.
+int gemmF16VariantCount();
+const char* gemmF16VariantName(int variant);
+void gemmF16Variant(int variant, float* c, const void* a, const void* b, const float* rowScale,
+                    const float* bias, int M, int N, int Kp);
 
 // ---- matmul_cublaslt.cu: the platform library (cuBLASLt) on the same operands ----
 void matmulCublasLtF16(float* out, const float* in, const void* w, const float* bias, int M, int K,

@@ -79,6 +79,16 @@ void matmulTensorCoreF16(float*, const float*, const void*, const float*, int, i
 void gemmF16TensorCore(float*, const void*, const void*, int, int, int) {
   unavailable("cuda::gemmF16TensorCore");
 }
+int gemmF16VariantCount() {
+  return 0;
+}
+const char* gemmF16VariantName(int) {
+  unavailable("cuda::gemmF16VariantName");
+}
+void gemmF16Variant(int, float*, const void*, const void*, const float*, const float*, int, int,
+                    int) {
+  unavailable("cuda::gemmF16Variant");
+}
 void matmulCublasLtF16(float*, const float*, const void*, const float*, int, int, int) {
   unavailable("cuda::matmulCublasLtF16");
 }

@@ -14,6 +14,7 @@
 
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_paths.h"
+#include "kernels/cuda/matmul_tensor_core_sm90a.h"
 
 namespace ptllm::cuda {
 
@@ -197,6 +198,18 @@ void launchMma(float* c, const void* a, const void* b, const float* rowScale, co
   PTLLM_CUDA_LAUNCH_CHECK();
 }
 
+// The tile kernel of a call: on Hopper the wgmma + TMA kernel (matmul_tensor_core_sm90a.cu)
+// from kWgmmaMinRows rows on; below that its 128-row tile is mostly padding, and the mma.sync
+// kernel (every other GPU too) serves. The gate's shapes cover both (M = 1, 2 and M = 64, 300).
+constexpr int kWgmmaMinRows = 64;
+void launchTensorCore(float* c, const void* a, const void* b, const float* rowScale,
+                      const float* bias, int M, int N, int Kp) {
+  if (M >= kWgmmaMinRows && wgmmaGemmAvailable())
+    wgmmaGemm(0, c, a, b, rowScale, bias, M, N, Kp);
+  else
+    launchMma(c, a, b, rowScale, bias, M, N, Kp);
+}
+
 // ---- per-call scratch: the f16 activations and their row scales ----
 // One dispatch enqueues convert + matmul under the lock: another thread (the gate's) must not
 // convert into the scratch between the two.
@@ -308,12 +321,29 @@ void matmulTensorCoreF16(float* out, const float* in, const void* w, const float
   ActScratch& s = scratch();
   std::lock_guard<std::mutex> lock(s.mutex);
   s.convert(in, M, K, Kp);
-  launchMma(out, s.a16, w, s.rowScale, bias, M, N, Kp);
+  launchTensorCore(out, s.a16, w, s.rowScale, bias, M, N, Kp);
 }
 
 void gemmF16TensorCore(float* c, const void* a, const void* b, int M, int N, int Kp) {
-  if (Kp % kBK != 0) fail("gemmF16TensorCore: Kp={} is not a multiple of {}", Kp, kBK);
-  launchMma(c, a, b, nullptr, nullptr, M, N, Kp);
+  if (Kp % 64 != 0) fail("gemmF16TensorCore: Kp={} is not a multiple of 64", Kp);
+  launchTensorCore(c, a, b, nullptr, nullptr, M, N, Kp);
+}
+
+int gemmF16VariantCount() {
+  return (wgmmaGemmAvailable() ? wgmmaGemmVariantCount() : 0) + 1;
+}
+const char* gemmF16VariantName(int variant) {
+  const int hopper = wgmmaGemmAvailable() ? wgmmaGemmVariantCount() : 0;
+  return variant < hopper ? wgmmaGemmVariantName(variant) : "mma.sync-128x128";
+}
+void gemmF16Variant(int variant, float* c, const void* a, const void* b, const float* rowScale,
+                    const float* bias, int M, int N, int Kp) {
+  if (Kp % 64 != 0) fail("gemmF16Variant: Kp={} is not a multiple of 64", Kp);
+  const int hopper = wgmmaGemmAvailable() ? wgmmaGemmVariantCount() : 0;
+  if (variant < hopper)
+    wgmmaGemm(variant, c, a, b, rowScale, bias, M, N, Kp);
+  else
+    launchMma(c, a, b, rowScale, bias, M, N, Kp);
 }
 
 void matmulCublasLtF16(float* out, const float* in, const void* w, const float* bias, int M, int K,
