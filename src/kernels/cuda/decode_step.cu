@@ -29,6 +29,10 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
 
 #include "kernels/cuda/attention_decode.cuh"
 #include "kernels/cuda/cuda_common.cuh"
@@ -66,6 +70,8 @@ struct StepParams {
   const float *wte, *wpe, *lnfw, *lnfb;
   const int32_t* step;
   float *x, *y, *h, *att, *logits;
+  int prefetch;              // the second form's L1 prefetches (PTLLM_DECODE_KERNEL=3: off)
+  unsigned long long* prof;  // PTLLM_DECODE_PROFILE: clock64 deltas per point and block, or null
   StepLayer layers[kMaxLayers];
 };
 static_assert(sizeof(StepParams) <= 4096, "kernel parameters");
@@ -231,12 +237,407 @@ __device__ void head(const StepSmem& sm, const StepParams& p) {
   }
 }
 
+// ---- the profile (PTLLM_DECODE_PROFILE=1): clock64 deltas of thread 0, per point and block ----
+// Points, summed over layers: 0 LayerNorm 1 (with the embedding or the row load), 1 qkv,
+// 2 barrier, 3 attention, 4 barrier, 5 proj (with its row load), 6 barrier, 7 LayerNorm 2,
+// 8 fc, 9 barrier, 10 fcProj (with its row load), 11 barrier, 12 final LayerNorm, 13 head.
+// Slot kProfPoints * kMaxCluster counts the launches.
+constexpr int kProfPoints = 14;
+constexpr int kProfSlots = kProfPoints * kMaxCluster + 1;
+
+__device__ __forceinline__ void stamp(const StepParams& p, long long& t, int point) {
+  if (p.prof && threadIdx.x == 0) {
+    const long long now = clock64();
+    atomicAdd(p.prof + point * kMaxCluster + blockIdx.x, (unsigned long long)(now - t));
+    t = now;
+  }
+}
+
+// ---- the second form (the default): rows in distributed shared memory, weights prefetched ----
+// Same phases, barriers and per-element arithmetic as decodeStepKernel; what moves is where the
+// rows live and when the weights are fetched:
+//   - every block holds the whole residual x (xs), the current linear input (lnY: a LayerNorm
+//     output or y) and h (hb) in its own shared memory; the block that computes an element of
+//     y, h or x stores it into every block's copy (st.shared::cluster), so after a barrier no
+//     block reads its next input from L2 (the global x, y, h are still written, as outputs);
+//   - at the start of each phase every block asks L1 for the weights, bias and LayerNorm
+//     parameters of the next phase (prefetch.global.L1, read-only data), and the attention
+//     blocks for the cache rows before pos, so the next phase's loads hit L1 instead of L2.
+// Buffers are reused only across a barrier: lnY is written remotely in the attention phase
+// (y) and locally in the LayerNorm phases; hb (shared with the attention's scratch) remotely
+// in the fc phase; xs remotely in the two residual phases; each is read only in the phase
+// after its writes.
+__host__ __device__ constexpr int rowFloats(int C) {
+  return (C + 3) / 4 * 4;
+}
+__host__ __device__ constexpr int hbFloats(int C) {
+  return 4 * rowFloats(C) > int((sizeof(decode::Smem) + 15) / 16 * 4)
+             ? 4 * rowFloats(C)
+             : int((sizeof(decode::Smem) + 15) / 16 * 4);
+}
+__host__ __device__ constexpr int smem2Floats(int C) {
+  return 2 * rowFloats(C) + hbFloats(C) + kWarps * 33 + 4;
+}
+
+__device__ __forceinline__ void prefetchL1(const void* a) {
+  asm volatile("prefetch.global.L1 [%0];" ::"l"(a));
+}
+constexpr size_t kPrefetchCap = size_t(96) << 10;  // bytes per linear and block
+
+// The 128-byte lines of [p, p + bytes), over the block's threads.
+__device__ void prefetchRange(const void* p, size_t bytes) {
+  if (!p || bytes == 0) return;
+  const uintptr_t b = reinterpret_cast<uintptr_t>(p) & ~uintptr_t(127);
+  const uintptr_t e = reinterpret_cast<uintptr_t>(p) + bytes;
+  for (uintptr_t a = b + threadIdx.x * 128u; a < e; a += kThreads * 128u)
+    prefetchL1(reinterpret_cast<const void*>(a));
+}
+
+__device__ __forceinline__ int f16Vpl(int K) {
+  const int nvec = (K + 63) / 64 * 64 / perVec<Fmt::F16>();
+  return nvec <= 32 ? 1 : nvec <= 64 ? 2 : nvec <= 128 ? 4 : 8;
+}
+// Columns per warp at a time: enough that every warp of the cluster has one when N allows,
+// at most kGemvLoads / VPL. A column's arithmetic does not depend on it (lane l sums vectors
+// l, l+32, ... in order whatever the schedule).
+__device__ __forceinline__ int f16Cb(int K, int N) {
+  const int W = int(gridDim.x) * kWarps, most = kGemvLoads / f16Vpl(K);
+  int cb = 1;
+  while (cb < most && cb * W < N) cb *= 2;
+  return cb;
+}
+
+// What this block's warps will read of linear l (the mappings of gemvF16 / gemvF32 below).
+__device__ void prefetchLinear(const StepLinear& l, int K, int N) {
+  if (l.f16) {
+    const int CB = f16Cb(K, N);
+    const size_t row = size_t((K + 63) / 64 * 64) * 2;
+    const auto* w = static_cast<const unsigned char*>(l.w);
+    size_t done = 0;
+    for (int n0 = blockIdx.x * kWarps * CB; n0 < N && done < kPrefetchCap;
+         n0 += gridDim.x * kWarps * CB) {
+      const int cols = min(kWarps * CB, N - n0);
+      const size_t bytes = min(size_t(cols) * row, kPrefetchCap - done);
+      prefetchRange(w + size_t(n0) * row, bytes);
+      prefetchRange(l.b + n0, size_t(cols) * 4);
+      done += bytes;
+    }
+  } else {
+    const auto* w = static_cast<const float*>(l.w);
+    const int groups = (N + 31) / 32;
+    size_t done = 0;
+    for (int g = blockIdx.x; g < groups && done < kPrefetchCap; g += gridDim.x) {
+      const int n0 = g * 32, cols = min(32, N - n0);
+      const int rows = int(min(size_t(K), (kPrefetchCap - done) / 128));
+      for (int k = threadIdx.x; k < rows; k += kThreads) {
+        const float* a = w + int64_t(k) * N + n0;
+        prefetchL1(a);
+        if (((reinterpret_cast<uintptr_t>(a) & 127) + size_t(cols) * 4) > 128)
+          prefetchL1(a + cols - 1);
+      }
+      prefetchRange(l.b + n0, size_t(cols) * 4);
+      done += size_t(rows) * 128;
+    }
+  }
+}
+
+__device__ void prefetchLayerNorm(const float* w, const float* b, int C) {
+  prefetchRange(w, size_t(C) * 4);
+  prefetchRange(b, size_t(C) * 4);
+}
+
+// The K and V channels of this block's heads in cache rows [0, rows).
+__device__ void prefetchCacheRows(const float* cache, int C, int NH, int hs, int rows) {
+  const int64_t stride = 3 * int64_t(C);
+  const int lines = (hs * 4 + 127) / 128 + 1;  // a head's channels span at most this many
+  for (int h = blockIdx.x; h < NH; h += gridDim.x) {
+    const int r = min(rows, int((kPrefetchCap * 2) / (size_t(hs) * 8)));  // the last r rows
+    for (int j = rows - r + int(threadIdx.x); j < rows; j += kThreads) {
+      const float* k = cache + j * stride + C + h * hs;
+      for (int i = 0; i < lines; ++i) {
+        const int c = min(hs - 1, i * 32);
+        prefetchL1(k + c);
+        prefetchL1(k + C + c);
+      }
+    }
+  }
+}
+
+struct Rows {
+  float *xs, *lnY, *hb;
+  float (*red)[33];
+  float* stats;
+};
+
+__device__ void layernormTo(const Rows& r, float* dst, const float* src, const float* w,
+                            const float* b, int C) {
+  if (threadIdx.x < 32) {
+    float mu, rs;
+    layernormRowStats(src, C, threadIdx.x, mu, rs);
+    if (threadIdx.x == 0) {
+      r.stats[0] = mu;
+      r.stats[1] = rs;
+    }
+  }
+  __syncthreads();
+  const float mu = r.stats[0], rs = r.stats[1];
+  for (int c = threadIdx.x; c < C; c += kThreads)
+    dst[c] = layernormApply(src[c], mu, rs, __ldg(w + c), __ldg(b + c));
+  __syncthreads();
+}
+
+// Where a linear's outputs go: Store (global only: the cache row), Residual (x[n] += v into
+// every block's xs and the global x), Gelu (gelu(v) into every block's hb and the global h).
+struct Dest {
+  Epi e;
+  float* global;
+  float* shared;  // this block's copy (the same offset in every block)
+};
+
+// Lane `lane` of a warp whose lanes all hold column n's value v (the butterfly sum).
+__device__ __forceinline__ void storeWarp(cg::cluster_group& cl, const Dest& d, int n, float v,
+                                          int lane) {
+  if (d.e == Epi::Store) {
+    if (lane == 0) d.global[n] = v;
+    return;
+  }
+  const float o = d.e == Epi::Residual ? __fadd_rn(d.shared[n], v) : geluTanh(v);
+  if (lane < int(gridDim.x)) cl.map_shared_rank(d.shared, unsigned(lane))[n] = o;
+  if (lane == 0) d.global[n] = o;
+}
+
+// One thread with its own column n.
+__device__ __forceinline__ void storeOne(cg::cluster_group& cl, const Dest& d, int n, float v) {
+  if (d.e == Epi::Store) {
+    d.global[n] = v;
+    return;
+  }
+  const float o = d.e == Epi::Residual ? __fadd_rn(d.shared[n], v) : geluTanh(v);
+  for (unsigned r = 0; r < gridDim.x; ++r) cl.map_shared_rank(d.shared, r)[n] = o;
+  d.global[n] = o;
+}
+
+// gemvF16's arithmetic, loads through L1 (__ldg: the prefetched lines).
+template <int VPL, int CB>
+__device__ void gemvF16L1(cg::cluster_group& cl, const float* xs, const unsigned char* w,
+                          const float* bias, int K, int N, const Dest& d) {
+  constexpr int E = perVec<Fmt::F16>();
+  const int lane = threadIdx.x & 31;
+  const int gw = blockIdx.x * kWarps + (threadIdx.x >> 5), W = gridDim.x * kWarps;
+  const int Kp = (K + 63) / 64 * 64;
+  const int nvec = Kp / E;
+  for (int n0 = gw * CB; n0 < N; n0 += W * CB) {
+    float acc[CB];
+#pragma unroll
+    for (int c = 0; c < CB; ++c) acc[c] = 0.f;
+    for (int v0 = 0; v0 < nvec; v0 += 32 * VPL) {
+      uint4 wv[CB][VPL];
+#pragma unroll
+      for (int c = 0; c < CB; ++c) {
+        const int n = n0 + c;
+        const uint4* row = reinterpret_cast<const uint4*>(w + size_t(n < N ? n : 0) * Kp * 2);
+#pragma unroll
+        for (int i = 0; i < VPL; ++i) {
+          const int v = v0 + lane + 32 * i;
+          wv[c][i] = n < N && v < nvec ? __ldg(row + v) : make_uint4(0, 0, 0, 0);
+        }
+      }
+#pragma unroll
+      for (int c = 0; c < CB; ++c) {
+#pragma unroll
+        for (int i = 0; i < VPL; ++i) {
+          const int k0 = (v0 + lane + 32 * i) * E;
+          if (k0 >= K) continue;
+          float wf[E];
+          unpackVec<Fmt::F16>(wv[c][i], wf);
+#pragma unroll
+          for (int j = 0; j < E; ++j)
+            if (k0 + j < K) acc[c] = fmaf(xs[k0 + j], wf[j], acc[c]);
+        }
+      }
+    }
+    float bs[CB];
+#pragma unroll
+    for (int c = 0; c < CB; ++c) bs[c] = n0 + c < N ? __ldg(bias + n0 + c) : 0.f;
+#pragma unroll
+    for (int c = 0; c < CB; ++c) {
+      const int n = n0 + c;
+      const float sum = warpSum(acc[c]);
+      if (n < N) storeWarp(cl, d, n, fmaf(sum, 1.f, bs[c]), lane);
+    }
+  }
+}
+
+// gemvF32's arithmetic (warp w sums k = w, w+8, ...; partials added in warp order, then bias).
+__device__ void gemvF32L1(cg::cluster_group& cl, const Rows& r, const float* xs, const float* w,
+                          const float* bias, int K, int N, const Dest& d) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int groups = (N + 31) / 32;
+  for (int g = blockIdx.x; g < groups; g += gridDim.x) {
+    const int n = g * 32 + lane;
+    float acc = 0.0f;
+    if (n < N) {
+#pragma unroll 16
+      for (int k = warp; k < K; k += kWarps) acc = fmaf(xs[k], __ldg(w + (int64_t)k * N + n), acc);
+    }
+    r.red[warp][lane] = acc;
+    __syncthreads();
+    if (warp == 0 && n < N) {
+      float s = 0.0f;
+#pragma unroll
+      for (int q = 0; q < kWarps; ++q) s += r.red[q][lane];
+      s += __ldg(bias + n);
+      storeOne(cl, d, n, s);
+    }
+    __syncthreads();
+  }
+}
+
+__device__ void linear2(cg::cluster_group& cl, const Rows& r, const float* xs, const StepLinear& l,
+                        int K, int N, const Dest& d) {
+  if (l.f16) {
+    const auto* w = static_cast<const unsigned char*>(l.w);
+    switch (f16Vpl(K) * 16 + f16Cb(K, N)) {
+      case 16 + 1:
+        gemvF16L1<1, 1>(cl, xs, w, l.b, K, N, d);
+        break;
+      case 16 + 2:
+        gemvF16L1<1, 2>(cl, xs, w, l.b, K, N, d);
+        break;
+      case 16 + 4:
+        gemvF16L1<1, 4>(cl, xs, w, l.b, K, N, d);
+        break;
+      case 16 + 8:
+        gemvF16L1<1, 8>(cl, xs, w, l.b, K, N, d);
+        break;
+      case 32 + 1:
+        gemvF16L1<2, 1>(cl, xs, w, l.b, K, N, d);
+        break;
+      case 32 + 2:
+        gemvF16L1<2, 2>(cl, xs, w, l.b, K, N, d);
+        break;
+      case 32 + 4:
+        gemvF16L1<2, 4>(cl, xs, w, l.b, K, N, d);
+        break;
+      case 64 + 1:
+        gemvF16L1<4, 1>(cl, xs, w, l.b, K, N, d);
+        break;
+      case 64 + 2:
+        gemvF16L1<4, 2>(cl, xs, w, l.b, K, N, d);
+        break;
+      default:
+        gemvF16L1<8, 1>(cl, xs, w, l.b, K, N, d);
+    }
+  } else {
+    gemvF32L1(cl, r, xs, static_cast<const float*>(l.w), l.b, K, N, d);
+  }
+}
+
+__global__ void __launch_bounds__(kThreads, 1)
+    decodeStepKernel2(const __grid_constant__ StepParams p) {
+  extern __shared__ float4 dynSmem[];
+  float* base = reinterpret_cast<float*>(dynSmem);
+  const int C = p.C, tok = p.step[0], pos = p.step[1], hs = C / p.NH;
+  const int64_t stride = 3 * (int64_t)C;
+  Rows r;
+  r.xs = base;
+  r.lnY = base + rowFloats(C);
+  r.hb = base + 2 * rowFloats(C);
+  r.red = reinterpret_cast<float(*)[33]>(r.hb + hbFloats(C));
+  r.stats = r.hb + hbFloats(C) + kWarps * 33;
+  decode::Smem& att = *reinterpret_cast<decode::Smem*>(r.hb);
+  cg::cluster_group cl = cg::this_cluster();
+  long long t = p.prof ? clock64() : 0;
+  if (p.prof && threadIdx.x == 0 && blockIdx.x == 0) atomicAdd(p.prof + kProfSlots - 1, 1ull);
+
+  if (p.nLayer > 0) {
+    if (p.prefetch) prefetchLayerNorm(p.layers[0].ln1w, p.layers[0].ln1b, C);
+    if (p.prefetch) prefetchLinear(p.layers[0].attn, C, 3 * C);
+  } else {
+    if (p.prefetch) prefetchLayerNorm(p.lnfw, p.lnfb, C);
+  }
+  // x = wte[tok] + wpe[pos] in every block (block 0 also stores the global x).
+  for (int c = threadIdx.x; c < C; c += kThreads) {
+    const float v = __ldg(p.wte + (int64_t)tok * C + c) + __ldg(p.wpe + (int64_t)pos * C + c);
+    r.xs[c] = v;
+    if (blockIdx.x == 0) p.x[c] = v;
+  }
+  __syncthreads();
+  for (int l = 0; l < p.nLayer; ++l) {
+    const StepLayer& L = p.layers[l];
+    if (p.prefetch) prefetchCacheRows(L.cache, C, p.NH, hs, pos);
+    layernormTo(r, r.lnY, r.xs, L.ln1w, L.ln1b, C);
+    stamp(p, t, 0);
+    linear2(cl, r, r.lnY, L.attn, C, 3 * C, {Epi::Store, L.cache + pos * stride, nullptr});
+    stamp(p, t, 1);
+    cl.sync();
+    stamp(p, t, 2);
+    if (p.prefetch) prefetchLinear(L.proj, C, C);
+    if (p.prefetch) prefetchLayerNorm(L.ln2w, L.ln2b, C);
+    for (int h = blockIdx.x; h < p.NH; h += gridDim.x) {
+      const float* row = L.cache + pos * stride + h * hs;
+      if (p.prefetch) prefetchRange(row, size_t(hs) * 4);
+      if (p.prefetch) prefetchRange(row + C, size_t(hs) * 4);
+      if (p.prefetch) prefetchRange(row + 2 * C, size_t(hs) * 4);
+      float* y = r.lnY + h * hs;
+      decode::query(att, y, p.att + (int64_t)h * p.maxT, L.cache + h * hs, stride, pos + 1, C, hs);
+      __syncthreads();
+      for (int i = threadIdx.x; i < hs * int(gridDim.x); i += kThreads)
+        cl.map_shared_rank(y, unsigned(i / hs))[i % hs] = y[i % hs];
+      for (int i = threadIdx.x; i < hs; i += kThreads) p.y[h * hs + i] = y[i];
+      __syncthreads();  // att is reused by the next head
+    }
+    stamp(p, t, 3);
+    cl.sync();
+    stamp(p, t, 4);
+    if (p.prefetch) prefetchLinear(L.fc, C, 4 * C);
+    linear2(cl, r, r.lnY, L.proj, C, C, {Epi::Residual, p.x, r.xs});
+    stamp(p, t, 5);
+    cl.sync();
+    stamp(p, t, 6);
+    if (p.prefetch) prefetchLinear(L.fcProj, 4 * C, C);
+    layernormTo(r, r.lnY, r.xs, L.ln2w, L.ln2b, C);
+    stamp(p, t, 7);
+    linear2(cl, r, r.lnY, L.fc, C, 4 * C, {Epi::Gelu, p.h, r.hb});
+    stamp(p, t, 8);
+    cl.sync();
+    stamp(p, t, 9);
+    if (l + 1 < p.nLayer) {
+      if (p.prefetch) prefetchLayerNorm(p.layers[l + 1].ln1w, p.layers[l + 1].ln1b, C);
+      if (p.prefetch) prefetchLinear(p.layers[l + 1].attn, C, 3 * C);
+    } else {
+      if (p.prefetch) prefetchLayerNorm(p.lnfw, p.lnfb, C);
+      for (int n = blockIdx.x * kWarps; n < p.V; n += gridDim.x * kWarps)
+        if (p.prefetch) prefetchRange(p.wte + (int64_t)n * C, size_t(min(kWarps, p.V - n)) * C * 4);
+    }
+    linear2(cl, r, r.hb, L.fcProj, 4 * C, C, {Epi::Residual, p.x, r.xs});
+    stamp(p, t, 10);
+    cl.sync();
+    stamp(p, t, 11);
+  }
+  layernormTo(r, r.lnY, r.xs, p.lnfw, p.lnfb, C);
+  stamp(p, t, 12);
+  const int lane = threadIdx.x & 31;
+  const int gw = blockIdx.x * kWarps + (threadIdx.x >> 5), W = gridDim.x * kWarps;
+  for (int n = gw; n < p.V; n += W) {
+    const float* brow = p.wte + (int64_t)n * C;
+    float acc = 0.0f;
+#pragma unroll 8
+    for (int k = lane; k < C; k += 32) acc = fmaf(r.lnY[k], __ldg(brow + k), acc);
+    const float s = warpSum(acc);
+    if (lane == 0) p.logits[n] = s;
+  }
+  stamp(p, t, 13);
+}
+
 __global__ void __launch_bounds__(kThreads, 1)
     decodeStepKernel(const __grid_constant__ StepParams p) {
   __shared__ StepSmem sm;
   cg::cluster_group cluster = cg::this_cluster();
   const int C = p.C, tok = p.step[0], pos = p.step[1], hs = C / p.NH;
   const int64_t stride = 3 * (int64_t)C;
+  long long t = p.prof ? clock64() : 0;
+  if (p.prof && threadIdx.x == 0 && blockIdx.x == 0) atomicAdd(p.prof + kProfSlots - 1, 1ull);
   for (int l = 0; l < p.nLayer; ++l) {
     const StepLayer& L = p.layers[l];
     if (l == 0)
@@ -244,31 +645,45 @@ __global__ void __launch_bounds__(kThreads, 1)
     else
       loadRow(sm.row, p.x, C);
     layernormRow(sm, L.ln1w, L.ln1b, C);
+    stamp(p, t, 0);
     linear(sm, L.attn, C, 3 * C, Epi::Store, L.cache + pos * stride);
+    stamp(p, t, 1);
     cluster.sync();
+    stamp(p, t, 2);
     for (int h = blockIdx.x; h < p.NH; h += gridDim.x) {
       decode::query(sm.att, p.y + h * hs, p.att + (int64_t)h * p.maxT, L.cache + h * hs, stride,
                     pos + 1, C, hs);
       __syncthreads();  // sm.att is reused by the next head
     }
+    stamp(p, t, 3);
     cluster.sync();
+    stamp(p, t, 4);
     loadRow(sm.row, p.y, C);
     linear(sm, L.proj, C, C, Epi::Residual, p.x);
+    stamp(p, t, 5);
     cluster.sync();
+    stamp(p, t, 6);
     loadRow(sm.row, p.x, C);
     layernormRow(sm, L.ln2w, L.ln2b, C);
+    stamp(p, t, 7);
     linear(sm, L.fc, C, 4 * C, Epi::Gelu, p.h);
+    stamp(p, t, 8);
     cluster.sync();
+    stamp(p, t, 9);
     loadRow(sm.row, p.h, 4 * C);
     linear(sm, L.fcProj, 4 * C, C, Epi::Residual, p.x);
+    stamp(p, t, 10);
     cluster.sync();
+    stamp(p, t, 11);
   }
   if (p.nLayer == 0)
     embed(sm, p, tok, pos);
   else
     loadRow(sm.row, p.x, C);
   layernormRow(sm, p.lnfw, p.lnfb, C);
+  stamp(p, t, 12);
   head(sm, p);
+  stamp(p, t, 13);
 }
 
 cudaLaunchConfig_t clusterLaunch(int blocks, cudaLaunchAttribute* attr) {
@@ -290,26 +705,98 @@ StepLinear stepLinear(const Ops::DecodeLinear& l) {
   return {l.w, l.b, l.f16Storage ? 1 : 0};
 }
 
+// PTLLM_DECODE_KERNEL=1 launches the first form (decodeStepKernel; both are bit-identical),
+// 3 the second without its prefetches, anything else the second (decodeStepKernel2). Read once
+// per process.
+int formEnv() {
+  static const int form = [] {
+    const char* e = std::getenv("PTLLM_DECODE_KERNEL");
+    return e ? std::atoi(e) : 2;
+  }();
+  return form;
+}
+bool useFirstForm() {
+  return formEnv() == 1;
+}
+
+size_t smemBytes(int C) {
+  return useFirstForm() ? 0 : size_t(smem2Floats(C)) * sizeof(float);
+}
+
+// PTLLM_DECODE_PROFILE=1: a device buffer of kProfSlots counters that every launch adds its
+// phase times to; printed to stderr at exit (per launch: block 0's and the slowest block's).
+unsigned long long* gProf = nullptr;
+
+void printProfile() {
+  std::vector<unsigned long long> h(kProfSlots);
+  if (cudaDeviceSynchronize() != cudaSuccess ||
+      cudaMemcpy(h.data(), gProf, h.size() * sizeof(h[0]), cudaMemcpyDeviceToHost) != cudaSuccess)
+    return;
+  int dev = 0, khz = 0;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, dev);
+  const double n = double(h[kProfSlots - 1]);
+  if (n <= 0 || khz <= 0) return;
+  static const char* names[kProfPoints] = {
+      "ln1 (+row/embed)", "qkv", "barrier", "attention",     "barrier", "proj (+row)", "barrier",
+      "ln2 (+row)",       "fc",  "barrier", "fcProj (+row)", "barrier", "final ln",    "head"};
+  std::fprintf(stderr, "[decode profile] form %d, %.0f launches, clock %d MHz; us per launch\n",
+               useFirstForm() ? 1 : 2, n, khz / 1000);
+  double total0 = 0;
+  for (int i = 0; i < kProfPoints; ++i) {
+    const double b0 = double(h[size_t(i) * kMaxCluster]) / n / (khz * 1e-3);
+    double mx = 0;
+    for (int b = 0; b < kMaxCluster; ++b)
+      mx = std::max(mx, double(h[size_t(i) * kMaxCluster + b]) / n / (khz * 1e-3));
+    total0 += b0;
+    std::fprintf(stderr, "[decode profile] %2d %-17s block0 %7.2f  max %7.2f\n", i, names[i], b0,
+                 mx);
+  }
+  std::fprintf(stderr, "[decode profile] total (block 0) %.2f us\n", total0);
+}
+
+unsigned long long* profileBuffer() {
+  static unsigned long long* buf = [] {
+    const char* e = std::getenv("PTLLM_DECODE_PROFILE");
+    if (!e || std::strcmp(e, "1") != 0) return static_cast<unsigned long long*>(nullptr);
+    PTLLM_CUDA_CHECK(cudaMalloc(&gProf, kProfSlots * sizeof(unsigned long long)));
+    PTLLM_CUDA_CHECK(cudaMemset(gProf, 0, kProfSlots * sizeof(unsigned long long)));
+    std::atexit(printProfile);
+    return gProf;
+  }();
+  return buf;
+}
+
 }  // namespace
 
 int decodeStepMaxBlocks() {
   // Asked once per process (the first CudaOps, outside any capture): the largest cluster the
   // device will co-schedule, 16 (non-portable) or 8; 0 when clusters are unavailable.
   static const int blocks = [] {
-    if (cudaFuncSetAttribute(decodeStepKernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) !=
+    const void* kernel = useFirstForm() ? reinterpret_cast<const void*>(decodeStepKernel)
+                                        : reinterpret_cast<const void*>(decodeStepKernel2);
+    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) !=
         cudaSuccess)
       cudaGetLastError();  // then only portable sizes
+    if (!useFirstForm()) {
+      // Room for the largest C's rows; the rest of the 256 KB stays L1 (the prefetches land there).
+      PTLLM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            int(smemBytes(kMaxC))));
+      PTLLM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                            cudaSharedmemCarveoutMaxL1));
+    }
     for (int b : {kMaxCluster, kPortableCluster}) {
       cudaLaunchAttribute attr;
-      const cudaLaunchConfig_t cfg = clusterLaunch(b, &attr);
+      cudaLaunchConfig_t cfg = clusterLaunch(b, &attr);
+      cfg.dynamicSmemBytes = smemBytes(kMaxC);
       int clusters = 0;
-      if (cudaOccupancyMaxActiveClusters(&clusters, decodeStepKernel, &cfg) == cudaSuccess &&
-          clusters > 0)
+      if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) == cudaSuccess && clusters > 0)
         return b;
       cudaGetLastError();
     }
     return 0;
   }();
+  profileBuffer();  // allocated here, outside any step capture
   return blocks;
 }
 
@@ -336,6 +823,8 @@ int launchDecodeStep(const Ops::DecodeStepArgs& a) {
   p.h = a.h;
   p.att = a.att;
   p.logits = a.logits;
+  p.prof = profileBuffer();
+  p.prefetch = formEnv() != 3;
   for (int l = 0; l < nLayer; ++l) {
     const Ops::DecodeLayer& s = a.layers[size_t(l)];
     StepLayer& d = p.layers[l];
@@ -353,8 +842,12 @@ int launchDecodeStep(const Ops::DecodeStepArgs& a) {
   // (docs/performance.md has the figures).
   const int blocks = std::min(a.clusterBlocks > 0 ? a.clusterBlocks : maxBlocks, maxBlocks);
   cudaLaunchAttribute attr;
-  const cudaLaunchConfig_t cfg = clusterLaunch(blocks, &attr);
-  PTLLM_CUDA_CHECK(cudaLaunchKernelEx(&cfg, decodeStepKernel, p));
+  cudaLaunchConfig_t cfg = clusterLaunch(blocks, &attr);
+  cfg.dynamicSmemBytes = smemBytes(a.C);
+  if (useFirstForm())
+    PTLLM_CUDA_CHECK(cudaLaunchKernelEx(&cfg, decodeStepKernel, p));
+  else
+    PTLLM_CUDA_CHECK(cudaLaunchKernelEx(&cfg, decodeStepKernel2, p));
   return blocks;
 }
 
