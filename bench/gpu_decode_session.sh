@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call for the decode and GEMV work (issue #6), inside a 300 s limit: build only the
 # binary and the CUDA tests, run those tests (the fused step's bit-identity under each of its
-# forms too), then the decode bench for every form with its phase profile, PyTorch's peer, and
+# forms too), then the decode bench for each form with its phase profile, PyTorch's peer, and
 # `ptllm bench cuda` (GEMV schedules), each stage under its own timeout. Files under $OUT:
 # env.txt build.log tests.log decode.txt torch.txt benchcuda.txt summary.txt.
 #   bench/gpu_decode_session.sh    env: OUT, JOBS, DEPS (as bench/gpu_session.sh)
@@ -45,7 +45,7 @@ grep -E "warning|error" "$OUT/build.log" | head -10
 say "tests"
 {
   timeout "${TEST_TIMEOUT:-70}" ctest --test-dir build -R Cuda -j4 --output-on-failure &
-  for form in 1 3; do
+  for form in 1; do
     PTLLM_DECODE_KERNEL=$form timeout "${TEST_TIMEOUT:-70}" build/tests/test_cuda_decode_step \
       --gtest_filter='*BitForBit*:*CpuReference*' > "/tmp/form$form.log" 2>&1
     echo "form $form bit-for-bit and reference tests: exit $? $(grep -E 'PASSED|FAILED' /tmp/form$form.log | tr '\n' ' ')"
@@ -63,7 +63,7 @@ say "decode"
 {
   echo "# $(nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader 2>/dev/null)"
   $BIN --device cuda bench sample $BUNDLED --tokens 200 > /dev/null 2>&1 || true  # clocks up
-  for form in 2 1 3; do
+  for form in 2 1; do
     for paths in "" "--paths f32"; do
       echo "# form $form $paths: fused x16"
       PTLLM_DECODE_KERNEL=$form timeout 20 $BIN --device cuda $paths $SAMPLE --decode-cluster 16 2>&1 |

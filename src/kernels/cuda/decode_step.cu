@@ -70,7 +70,6 @@ struct StepParams {
   const float *wte, *wpe, *lnfw, *lnfb;
   const int32_t* step;
   float *x, *y, *h, *att, *logits;
-  int prefetch;              // the second form's L1 prefetches (PTLLM_DECODE_KERNEL=3: off)
   unsigned long long* prof;  // PTLLM_DECODE_PROFILE: clock64 deltas per point and block, or null
   StepLayer layers[kMaxLayers];
 };
@@ -241,6 +240,7 @@ __device__ void head(const StepSmem& sm, const StepParams& p) {
 // Points, summed over layers: 0 LayerNorm 1 (with the embedding or the row load), 1 qkv,
 // 2 barrier, 3 attention, 4 barrier, 5 proj (with its row load), 6 barrier, 7 LayerNorm 2,
 // 8 fc, 9 barrier, 10 fcProj (with its row load), 11 barrier, 12 final LayerNorm, 13 head.
+// (In the second form a barrier's point also holds the loads issued before it.)
 // Slot kProfPoints * kMaxCluster counts the launches.
 constexpr int kProfPoints = 14;
 constexpr int kProfSlots = kProfPoints * kMaxCluster + 1;
@@ -253,16 +253,17 @@ __device__ __forceinline__ void stamp(const StepParams& p, long long& t, int poi
   }
 }
 
-// ---- the second form (the default): rows in distributed shared memory, weights prefetched ----
+// ---- the second form (the default): rows in distributed shared memory, loads before barriers --
 // Same phases, barriers and per-element arithmetic as decodeStepKernel; what moves is where the
-// rows live and when the weights are fetched:
+// rows live and when the read-only operands are fetched:
 //   - every block holds the whole residual x (xs), the current linear input (lnY: a LayerNorm
 //     output or y) and h (hb) in its own shared memory; the block that computes an element of
 //     y, h or x stores it into every block's copy (st.shared::cluster), so after a barrier no
 //     block reads its next input from L2 (the global x, y, h are still written, as outputs);
-//   - at the start of each phase every block asks L1 for the weights, bias and LayerNorm
-//     parameters of the next phase (prefetch.global.L1, read-only data), and the attention
-//     blocks for the cache rows before pos, so the next phase's loads hit L1 instead of L2.
+//   - each linear issues its first round of weight and bias loads, and the LayerNorm before it
+//     its w and b, before the barrier that makes its input final, so that latency overlaps
+//     the barrier (an L1 prefetch of the next phase's weights instead was measured slower:
+//     bench/results/cuda-20261203-1343.txt).
 // Buffers are reused only across a barrier: lnY is written remotely in the attention phase
 // (y) and locally in the LayerNorm phases; hb (shared with the attention's scratch) remotely
 // in the fc phase; xs remotely in the two residual phases; each is read only in the phase
@@ -279,20 +280,6 @@ __host__ __device__ constexpr int smem2Floats(int C) {
   return 2 * rowFloats(C) + hbFloats(C) + kWarps * 33 + 4;
 }
 
-__device__ __forceinline__ void prefetchL1(const void* a) {
-  asm volatile("prefetch.global.L1 [%0];" ::"l"(a));
-}
-constexpr size_t kPrefetchCap = size_t(96) << 10;  // bytes per linear and block
-
-// The 128-byte lines of [p, p + bytes), over the block's threads.
-__device__ void prefetchRange(const void* p, size_t bytes) {
-  if (!p || bytes == 0) return;
-  const uintptr_t b = reinterpret_cast<uintptr_t>(p) & ~uintptr_t(127);
-  const uintptr_t e = reinterpret_cast<uintptr_t>(p) + bytes;
-  for (uintptr_t a = b + threadIdx.x * 128u; a < e; a += kThreads * 128u)
-    prefetchL1(reinterpret_cast<const void*>(a));
-}
-
 __device__ __forceinline__ int f16Vpl(int K) {
   const int nvec = (K + 63) / 64 * 64 / perVec<Fmt::F16>();
   return nvec <= 32 ? 1 : nvec <= 64 ? 2 : nvec <= 128 ? 4 : 8;
@@ -307,70 +294,30 @@ __device__ __forceinline__ int f16Cb(int K, int N) {
   return cb;
 }
 
-// What this block's warps will read of linear l (the mappings of gemvF16 / gemvF32 below).
-__device__ void prefetchLinear(const StepLinear& l, int K, int N) {
-  if (l.f16) {
-    const int CB = f16Cb(K, N);
-    const size_t row = size_t((K + 63) / 64 * 64) * 2;
-    const auto* w = static_cast<const unsigned char*>(l.w);
-    size_t done = 0;
-    for (int n0 = blockIdx.x * kWarps * CB; n0 < N && done < kPrefetchCap;
-         n0 += gridDim.x * kWarps * CB) {
-      const int cols = min(kWarps * CB, N - n0);
-      const size_t bytes = min(size_t(cols) * row, kPrefetchCap - done);
-      prefetchRange(w + size_t(n0) * row, bytes);
-      prefetchRange(l.b + n0, size_t(cols) * 4);
-      done += bytes;
-    }
-  } else {
-    const auto* w = static_cast<const float*>(l.w);
-    const int groups = (N + 31) / 32;
-    size_t done = 0;
-    for (int g = blockIdx.x; g < groups && done < kPrefetchCap; g += gridDim.x) {
-      const int n0 = g * 32, cols = min(32, N - n0);
-      const int rows = int(min(size_t(K), (kPrefetchCap - done) / 128));
-      for (int k = threadIdx.x; k < rows; k += kThreads) {
-        const float* a = w + int64_t(k) * N + n0;
-        prefetchL1(a);
-        if (((reinterpret_cast<uintptr_t>(a) & 127) + size_t(cols) * 4) > 128)
-          prefetchL1(a + cols - 1);
-      }
-      prefetchRange(l.b + n0, size_t(cols) * 4);
-      done += size_t(rows) * 128;
-    }
-  }
-}
-
-__device__ void prefetchLayerNorm(const float* w, const float* b, int C) {
-  prefetchRange(w, size_t(C) * 4);
-  prefetchRange(b, size_t(C) * 4);
-}
-
-// The K and V channels of this block's heads in cache rows [0, rows).
-__device__ void prefetchCacheRows(const float* cache, int C, int NH, int hs, int rows) {
-  const int64_t stride = 3 * int64_t(C);
-  const int lines = (hs * 4 + 127) / 128 + 1;  // a head's channels span at most this many
-  for (int h = blockIdx.x; h < NH; h += gridDim.x) {
-    const int r = min(rows, int((kPrefetchCap * 2) / (size_t(hs) * 8)));  // the last r rows
-    for (int j = rows - r + int(threadIdx.x); j < rows; j += kThreads) {
-      const float* k = cache + j * stride + C + h * hs;
-      for (int i = 0; i < lines; ++i) {
-        const int c = min(hs - 1, i * 32);
-        prefetchL1(k + c);
-        prefetchL1(k + C + c);
-      }
-    }
-  }
-}
-
 struct Rows {
   float *xs, *lnY, *hb;
   float (*red)[33];
   float* stats;
 };
 
-__device__ void layernormTo(const Rows& r, float* dst, const float* src, const float* w,
-                            const float* b, int C) {
+// A LayerNorm's w and b for this thread's channels (c = threadIdx.x + kThreads * i), read
+// ahead of the barrier that precedes the LayerNorm.
+struct LnParams {
+  float w[kMaxC / kThreads], b[kMaxC / kThreads];
+};
+__device__ __forceinline__ LnParams loadLn(const float* w, const float* b, int C) {
+  LnParams q;
+#pragma unroll
+  for (int i = 0; i < kMaxC / kThreads; ++i) {
+    const int c = int(threadIdx.x) + kThreads * i;
+    q.w[i] = c < C ? __ldg(w + c) : 0.f;
+    q.b[i] = c < C ? __ldg(b + c) : 0.f;
+  }
+  return q;
+}
+
+// dst = LayerNorm(src) (layernormRow's arithmetic), every thread of the block.
+__device__ void layernormTo(const Rows& r, float* dst, const float* src, const LnParams& q, int C) {
   if (threadIdx.x < 32) {
     float mu, rs;
     layernormRowStats(src, C, threadIdx.x, mu, rs);
@@ -381,8 +328,11 @@ __device__ void layernormTo(const Rows& r, float* dst, const float* src, const f
   }
   __syncthreads();
   const float mu = r.stats[0], rs = r.stats[1];
-  for (int c = threadIdx.x; c < C; c += kThreads)
-    dst[c] = layernormApply(src[c], mu, rs, __ldg(w + c), __ldg(b + c));
+#pragma unroll
+  for (int i = 0; i < kMaxC / kThreads; ++i) {
+    const int c = int(threadIdx.x) + kThreads * i;
+    if (c < C) dst[c] = layernormApply(src[c], mu, rs, q.w[i], q.b[i]);
+  }
   __syncthreads();
 }
 
@@ -417,19 +367,27 @@ __device__ __forceinline__ void storeOne(cg::cluster_group& cl, const Dest& d, i
   d.global[n] = o;
 }
 
-// gemvF16's arithmetic, loads through L1 (__ldg: the prefetched lines).
-template <int VPL, int CB>
+// gemvF16's arithmetic. The first round's weights and biases are loaded before pre() (the
+// barrier that makes the input row final, and the LayerNorm that writes it): every thread calls
+// pre() exactly once, warps without a column too, so the loads' latency hides behind it.
+template <int VPL, int CB, class Pre>
 __device__ void gemvF16L1(cg::cluster_group& cl, const float* xs, const unsigned char* w,
-                          const float* bias, int K, int N, const Dest& d) {
+                          const float* bias, int K, int N, const Dest& d, Pre& pre) {
   constexpr int E = perVec<Fmt::F16>();
   const int lane = threadIdx.x & 31;
   const int gw = blockIdx.x * kWarps + (threadIdx.x >> 5), W = gridDim.x * kWarps;
   const int Kp = (K + 63) / 64 * 64;
   const int nvec = Kp / E;
-  for (int n0 = gw * CB; n0 < N; n0 += W * CB) {
-    float acc[CB];
+  bool waiting = true;
+  for (int n0 = gw * CB;; n0 += W * CB) {
+    const bool active = n0 < N;
+    if (!active && !waiting) break;
+    float acc[CB], bs[CB];
 #pragma unroll
-    for (int c = 0; c < CB; ++c) acc[c] = 0.f;
+    for (int c = 0; c < CB; ++c) {
+      acc[c] = 0.f;
+      bs[c] = active && n0 + c < N ? __ldg(bias + n0 + c) : 0.f;
+    }
     for (int v0 = 0; v0 < nvec; v0 += 32 * VPL) {
       uint4 wv[CB][VPL];
 #pragma unroll
@@ -442,6 +400,11 @@ __device__ void gemvF16L1(cg::cluster_group& cl, const float* xs, const unsigned
           wv[c][i] = n < N && v < nvec ? __ldg(row + v) : make_uint4(0, 0, 0, 0);
         }
       }
+      if (waiting) {
+        pre();
+        waiting = false;
+      }
+      if (!active) break;
 #pragma unroll
       for (int c = 0; c < CB; ++c) {
 #pragma unroll
@@ -456,9 +419,7 @@ __device__ void gemvF16L1(cg::cluster_group& cl, const float* xs, const unsigned
         }
       }
     }
-    float bs[CB];
-#pragma unroll
-    for (int c = 0; c < CB; ++c) bs[c] = n0 + c < N ? __ldg(bias + n0 + c) : 0.f;
+    if (!active) break;
 #pragma unroll
     for (int c = 0; c < CB; ++c) {
       const int n = n0 + c;
@@ -469,11 +430,50 @@ __device__ void gemvF16L1(cg::cluster_group& cl, const float* xs, const unsigned
 }
 
 // gemvF32's arithmetic (warp w sums k = w, w+8, ...; partials added in warp order, then bias).
+// For K <= 8 * kF32Ahead the first group's weights are loaded before pre(), as above.
+constexpr int kF32Ahead = 32;
+template <class Pre>
 __device__ void gemvF32L1(cg::cluster_group& cl, const Rows& r, const float* xs, const float* w,
-                          const float* bias, int K, int N, const Dest& d) {
+                          const float* bias, int K, int N, const Dest& d, Pre& pre) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int groups = (N + 31) / 32;
-  for (int g = blockIdx.x; g < groups; g += gridDim.x) {
+  int g = blockIdx.x;
+  if (K <= kWarps * kF32Ahead) {
+    const int n = g * 32 + lane;
+    const bool active = g < groups && n < N;
+    float wr[kF32Ahead];
+#pragma unroll
+    for (int i = 0; i < kF32Ahead; ++i) {
+      const int k = warp + kWarps * i;
+      wr[i] = active && k < K ? __ldg(w + (int64_t)k * N + n) : 0.f;
+    }
+    const float b = active ? __ldg(bias + n) : 0.f;
+    pre();
+    if (g < groups) {
+      float acc = 0.0f;
+      if (n < N) {
+#pragma unroll
+        for (int i = 0; i < kF32Ahead; ++i) {
+          const int k = warp + kWarps * i;
+          if (k < K) acc = fmaf(xs[k], wr[i], acc);
+        }
+      }
+      r.red[warp][lane] = acc;
+      __syncthreads();
+      if (warp == 0 && n < N) {
+        float s = 0.0f;
+#pragma unroll
+        for (int q = 0; q < kWarps; ++q) s += r.red[q][lane];
+        s += b;
+        storeOne(cl, d, n, s);
+      }
+      __syncthreads();
+    }
+    g += gridDim.x;
+  } else {
+    pre();
+  }
+  for (; g < groups; g += gridDim.x) {
     const int n = g * 32 + lane;
     float acc = 0.0f;
     if (n < N) {
@@ -493,43 +493,45 @@ __device__ void gemvF32L1(cg::cluster_group& cl, const Rows& r, const float* xs,
   }
 }
 
+// out = xs @ l (d says where), pre() run by every thread once the weights are on their way.
+template <class Pre>
 __device__ void linear2(cg::cluster_group& cl, const Rows& r, const float* xs, const StepLinear& l,
-                        int K, int N, const Dest& d) {
+                        int K, int N, const Dest& d, Pre&& pre) {
   if (l.f16) {
     const auto* w = static_cast<const unsigned char*>(l.w);
     switch (f16Vpl(K) * 16 + f16Cb(K, N)) {
       case 16 + 1:
-        gemvF16L1<1, 1>(cl, xs, w, l.b, K, N, d);
+        gemvF16L1<1, 1>(cl, xs, w, l.b, K, N, d, pre);
         break;
       case 16 + 2:
-        gemvF16L1<1, 2>(cl, xs, w, l.b, K, N, d);
+        gemvF16L1<1, 2>(cl, xs, w, l.b, K, N, d, pre);
         break;
       case 16 + 4:
-        gemvF16L1<1, 4>(cl, xs, w, l.b, K, N, d);
+        gemvF16L1<1, 4>(cl, xs, w, l.b, K, N, d, pre);
         break;
       case 16 + 8:
-        gemvF16L1<1, 8>(cl, xs, w, l.b, K, N, d);
+        gemvF16L1<1, 8>(cl, xs, w, l.b, K, N, d, pre);
         break;
       case 32 + 1:
-        gemvF16L1<2, 1>(cl, xs, w, l.b, K, N, d);
+        gemvF16L1<2, 1>(cl, xs, w, l.b, K, N, d, pre);
         break;
       case 32 + 2:
-        gemvF16L1<2, 2>(cl, xs, w, l.b, K, N, d);
+        gemvF16L1<2, 2>(cl, xs, w, l.b, K, N, d, pre);
         break;
       case 32 + 4:
-        gemvF16L1<2, 4>(cl, xs, w, l.b, K, N, d);
+        gemvF16L1<2, 4>(cl, xs, w, l.b, K, N, d, pre);
         break;
       case 64 + 1:
-        gemvF16L1<4, 1>(cl, xs, w, l.b, K, N, d);
+        gemvF16L1<4, 1>(cl, xs, w, l.b, K, N, d, pre);
         break;
       case 64 + 2:
-        gemvF16L1<4, 2>(cl, xs, w, l.b, K, N, d);
+        gemvF16L1<4, 2>(cl, xs, w, l.b, K, N, d, pre);
         break;
       default:
-        gemvF16L1<8, 1>(cl, xs, w, l.b, K, N, d);
+        gemvF16L1<8, 1>(cl, xs, w, l.b, K, N, d, pre);
     }
   } else {
-    gemvF32L1(cl, r, xs, static_cast<const float*>(l.w), l.b, K, N, d);
+    gemvF32L1(cl, r, xs, static_cast<const float*>(l.w), l.b, K, N, d, pre);
   }
 }
 
@@ -550,12 +552,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   long long t = p.prof ? clock64() : 0;
   if (p.prof && threadIdx.x == 0 && blockIdx.x == 0) atomicAdd(p.prof + kProfSlots - 1, 1ull);
 
-  if (p.nLayer > 0) {
-    if (p.prefetch) prefetchLayerNorm(p.layers[0].ln1w, p.layers[0].ln1b, C);
-    if (p.prefetch) prefetchLinear(p.layers[0].attn, C, 3 * C);
-  } else {
-    if (p.prefetch) prefetchLayerNorm(p.lnfw, p.lnfb, C);
-  }
   // x = wte[tok] + wpe[pos] in every block (block 0 also stores the global x).
   for (int c = threadIdx.x; c < C; c += kThreads) {
     const float v = __ldg(p.wte + (int64_t)tok * C + c) + __ldg(p.wpe + (int64_t)pos * C + c);
@@ -563,22 +559,26 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (blockIdx.x == 0) p.x[c] = v;
   }
   __syncthreads();
+  // Each linear's weights, biases and the LayerNorm parameters before it are read ahead of the
+  // barrier that precedes it (pre(): barrier, then the LayerNorm); the rows never leave the
+  // blocks' shared memory.
   for (int l = 0; l < p.nLayer; ++l) {
     const StepLayer& L = p.layers[l];
-    if (p.prefetch) prefetchCacheRows(L.cache, C, p.NH, hs, pos);
-    layernormTo(r, r.lnY, r.xs, L.ln1w, L.ln1b, C);
-    stamp(p, t, 0);
-    linear2(cl, r, r.lnY, L.attn, C, 3 * C, {Epi::Store, L.cache + pos * stride, nullptr});
+    {
+      const LnParams ln = loadLn(L.ln1w, L.ln1b, C);
+      linear2(cl, r, r.lnY, L.attn, C, 3 * C, {Epi::Store, L.cache + pos * stride, nullptr}, [&] {
+        if (l > 0) {
+          cl.sync();
+          stamp(p, t, 11);
+        }
+        layernormTo(r, r.lnY, r.xs, ln, C);
+        stamp(p, t, 0);
+      });
+    }
     stamp(p, t, 1);
     cl.sync();
     stamp(p, t, 2);
-    if (p.prefetch) prefetchLinear(L.proj, C, C);
-    if (p.prefetch) prefetchLayerNorm(L.ln2w, L.ln2b, C);
     for (int h = blockIdx.x; h < p.NH; h += gridDim.x) {
-      const float* row = L.cache + pos * stride + h * hs;
-      if (p.prefetch) prefetchRange(row, size_t(hs) * 4);
-      if (p.prefetch) prefetchRange(row + C, size_t(hs) * 4);
-      if (p.prefetch) prefetchRange(row + 2 * C, size_t(hs) * 4);
       float* y = r.lnY + h * hs;
       decode::query(att, y, p.att + (int64_t)h * p.maxT, L.cache + h * hs, stride, pos + 1, C, hs);
       __syncthreads();
@@ -588,42 +588,56 @@ __global__ void __launch_bounds__(kThreads, 1)
       __syncthreads();  // att is reused by the next head
     }
     stamp(p, t, 3);
-    cl.sync();
-    stamp(p, t, 4);
-    if (p.prefetch) prefetchLinear(L.fc, C, 4 * C);
-    linear2(cl, r, r.lnY, L.proj, C, C, {Epi::Residual, p.x, r.xs});
+    linear2(cl, r, r.lnY, L.proj, C, C, {Epi::Residual, p.x, r.xs}, [&] {
+      cl.sync();
+      stamp(p, t, 4);
+    });
     stamp(p, t, 5);
-    cl.sync();
-    stamp(p, t, 6);
-    if (p.prefetch) prefetchLinear(L.fcProj, 4 * C, C);
-    layernormTo(r, r.lnY, r.xs, L.ln2w, L.ln2b, C);
-    stamp(p, t, 7);
-    linear2(cl, r, r.lnY, L.fc, C, 4 * C, {Epi::Gelu, p.h, r.hb});
-    stamp(p, t, 8);
-    cl.sync();
-    stamp(p, t, 9);
-    if (l + 1 < p.nLayer) {
-      if (p.prefetch) prefetchLayerNorm(p.layers[l + 1].ln1w, p.layers[l + 1].ln1b, C);
-      if (p.prefetch) prefetchLinear(p.layers[l + 1].attn, C, 3 * C);
-    } else {
-      if (p.prefetch) prefetchLayerNorm(p.lnfw, p.lnfb, C);
-      for (int n = blockIdx.x * kWarps; n < p.V; n += gridDim.x * kWarps)
-        if (p.prefetch) prefetchRange(p.wte + (int64_t)n * C, size_t(min(kWarps, p.V - n)) * C * 4);
+    {
+      const LnParams ln = loadLn(L.ln2w, L.ln2b, C);
+      linear2(cl, r, r.lnY, L.fc, C, 4 * C, {Epi::Gelu, p.h, r.hb}, [&] {
+        cl.sync();
+        stamp(p, t, 6);
+        layernormTo(r, r.lnY, r.xs, ln, C);
+        stamp(p, t, 7);
+      });
     }
-    linear2(cl, r, r.hb, L.fcProj, 4 * C, C, {Epi::Residual, p.x, r.xs});
+    stamp(p, t, 8);
+    linear2(cl, r, r.hb, L.fcProj, 4 * C, C, {Epi::Residual, p.x, r.xs}, [&] {
+      cl.sync();
+      stamp(p, t, 9);
+    });
     stamp(p, t, 10);
+  }
+  // The head's first rows (a warp per vocabulary row, lanes over k) and the final LayerNorm's
+  // parameters, read before the last barrier.
+  const LnParams lnf = loadLn(p.lnfw, p.lnfb, C);
+  const int lane = threadIdx.x & 31;
+  const int gw = blockIdx.x * kWarps + (threadIdx.x >> 5), W = gridDim.x * kWarps;
+  constexpr int kHeadAhead = 8;  // C <= 256: the whole row
+  float hr[kHeadAhead];
+#pragma unroll
+  for (int i = 0; i < kHeadAhead; ++i) {
+    const int k = lane + 32 * i;
+    hr[i] = gw < p.V && k < C ? __ldg(p.wte + (int64_t)gw * C + k) : 0.f;
+  }
+  if (p.nLayer > 0) {
     cl.sync();
     stamp(p, t, 11);
   }
-  layernormTo(r, r.lnY, r.xs, p.lnfw, p.lnfb, C);
+  layernormTo(r, r.lnY, r.xs, lnf, C);
   stamp(p, t, 12);
-  const int lane = threadIdx.x & 31;
-  const int gw = blockIdx.x * kWarps + (threadIdx.x >> 5), W = gridDim.x * kWarps;
   for (int n = gw; n < p.V; n += W) {
     const float* brow = p.wte + (int64_t)n * C;
     float acc = 0.0f;
+    if (n == gw && C <= 32 * kHeadAhead) {
+#pragma unroll
+      for (int i = 0; i < kHeadAhead; ++i)
+        if (lane + 32 * i < C) acc = fmaf(r.lnY[lane + 32 * i], hr[i], acc);
+    } else {
 #pragma unroll 8
-    for (int k = lane; k < C; k += 32) acc = fmaf(r.lnY[k], __ldg(brow + k), acc);
+      for (int k = lane; k < C; k += 32) acc = fmaf(r.lnY[k], __ldg(brow + k), acc);
+    }
     const float s = warpSum(acc);
     if (lane == 0) p.logits[n] = s;
   }
@@ -706,8 +720,7 @@ StepLinear stepLinear(const Ops::DecodeLinear& l) {
 }
 
 // PTLLM_DECODE_KERNEL=1 launches the first form (decodeStepKernel; both are bit-identical),
-// 3 the second without its prefetches, anything else the second (decodeStepKernel2). Read once
-// per process.
+// anything else the second (decodeStepKernel2). Read once per process.
 int formEnv() {
   static const int form = [] {
     const char* e = std::getenv("PTLLM_DECODE_KERNEL");
@@ -779,7 +792,7 @@ int decodeStepMaxBlocks() {
         cudaSuccess)
       cudaGetLastError();  // then only portable sizes
     if (!useFirstForm()) {
-      // Room for the largest C's rows; the rest of the 256 KB stays L1 (the prefetches land there).
+      // Room for the largest C's rows; the rest of the 256 KB stays L1.
       PTLLM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             int(smemBytes(kMaxC))));
       PTLLM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
@@ -824,7 +837,6 @@ int launchDecodeStep(const Ops::DecodeStepArgs& a) {
   p.att = a.att;
   p.logits = a.logits;
   p.prof = profileBuffer();
-  p.prefetch = formEnv() != 3;
   for (int l = 0; l < nLayer; ++l) {
     const Ops::DecodeLayer& s = a.layers[size_t(l)];
     StepLayer& d = p.layers[l];

@@ -5,8 +5,9 @@
 //
 // M <= 8 (decode, short prompts) runs a GEMV-style kernel: a warp per output column, every row
 // of the input against the same loaded weights, a shuffle reduction; the cost is the weight
-// bytes over memory bandwidth. M > 8 runs a shared-memory tiled kernel that widens the weights
-// to f32 as it stages them.
+// bytes over memory bandwidth. f16 at M = 1 runs the fastest of the schedule variants below
+// (several columns per warp sharing each read of x; the same arithmetic). M > 8 runs a
+// shared-memory tiled kernel that widens the weights to f32 as it stages them.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -226,7 +227,7 @@ void launchGemvVariant(float* out, const float* in, const unsigned char* w, cons
 }
 
 const GemvVariant kGemvVariants[] = {
-    {"8w-u8", launchGemvVariant<8, 8, 1, false, false>},  // matmulF16's schedule
+    {"8w-u8", launchGemvVariant<8, 8, 1, false, false>},  // gemvKernel (M = 2..8, bf16, fp8)
     {"8w-u8-2col", launchGemvVariant<8, 8, 2, false, false>},
     {"8w-u4-2col", launchGemvVariant<8, 4, 2, false, false>},
     {"8w-u4-4col", launchGemvVariant<8, 4, 4, false, false>},
@@ -302,6 +303,18 @@ void matmulStorage(float* out, const float* in, const void* w, const float* bias
   const float* scales =
       F == Fmt::FP8 ? reinterpret_cast<const float*>(wb + size_t(N) * Kp) : nullptr;
   cudaStream_t s = stream();
+  if constexpr (F == Fmt::F16) {
+    if (M == 1) {
+      // The sweep's fastest schedules on the H200 (bench/results/cuda-20261203-1343.txt):
+      // four columns per warp, two loads each in flight, pipelined, at 16384^2 (3.88 TB/s);
+      // two columns, four loads each, at 4096^2 (17.6 us). Same arithmetic as gemvKernel.
+      if (int64_t(K) * N >= (int64_t(1) << 26))
+        launchGemvVariant<8, 2, 4, true, false>(out, in, wb, bias, K, N, Kp);
+      else
+        launchGemvVariant<8, 4, 2, false, false>(out, in, wb, bias, K, N, Kp);
+      return;
+    }
+  }
   if (M <= 8) {
     const bool vecX = K % 4 == 0 && reinterpret_cast<uintptr_t>(in) % 16 == 0;
     const dim3 grid(ceilDiv(N, kGemvWarps)), block(kGemvWarps * 32);
