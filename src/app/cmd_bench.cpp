@@ -111,17 +111,20 @@ void benchSample(const ModelArgs& a, const GlobalOptions& g) {
   }
   std::sort(secs.begin(), secs.end());
   const double med = secs[secs.size() / 2];
+  // The recorded step alone (replays back to back at the last position): us_token minus this
+  // is the per-token host work (token upload, launch, logits download, sampling).
+  const double stepUs = m.usedStepGraph() ? m.recordedStepMicros() : 0;
   std::printf(
       "peer=ptllm mode=sample device=%s n_layer=%d n_head=%d n_embd=%d block=%d threads=%d "
       "path=%s step_graph=%d step_form=%s fused_blocks=%d params=%lld tokens=%d repeats=%zu "
-      "secs=%.4f secs_min=%.4f us_token=%.1f tok_s=%.2f\n",
+      "secs=%.4f secs_min=%.4f us_token=%.1f tok_s=%.2f step_us=%.1f\n",
       e.ops->name(), a.cfg.nLayer, a.cfg.nHead, a.cfg.nEmbd, a.cfg.blockSize, threadCount(),
       pathName(m).c_str(), int(m.usedStepGraph()),
       form == Gpt2::FusedSteps::Auto ? "auto"
       : form == Gpt2::FusedSteps::On ? "fused"
                                      : "ops",
       m.usedFusedStep(), (long long)m.numParams(), a.tokens, secs.size(), med, secs.front(),
-      med / a.tokens * 1e6, a.tokens / med);
+      med / a.tokens * 1e6, a.tokens / med, stepUs);
 }
 
 // Median seconds of fn over `iters` calls after 3 warm-ups.

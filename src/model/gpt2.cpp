@@ -608,6 +608,12 @@ double Gpt2::stepMicros(StepRecording& rec, int32_t token) {
   return best;
 }
 
+double Gpt2::recordedStepMicros() {
+  auto it = stepGraphs_.find(fastPath(false));
+  if (it == stepGraphs_.end() || cachePos_ >= cfg_.blockSize) return 0;
+  return stepMicros(it->second, 0);
+}
+
 // The op-by-op one-token step (inside a capture).
 void Gpt2::recordOpSteps(const PathEntry* path) {
   const int C = cfg_.nEmbd, NH = cfg_.nHead, V = cfg_.vocabSize, T = cfg_.blockSize;

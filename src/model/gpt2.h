@@ -134,6 +134,10 @@ class Gpt2 {
   }
   // Blocks of the fused launch the last forwardCached replayed (0: none, op-by-op kernels).
   int usedFusedStep() const { return usedFusedStep_; }
+  // Microseconds one replay of the current path's recorded decode step takes at the current
+  // position (back-to-back replays: device time plus launch gaps, no per-token host work);
+  // 0 when no step has been recorded. For benchmarks: it replays the step in place.
+  double recordedStepMicros();
 
  private:
   struct Linear;

@@ -29,6 +29,10 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
 
 #include "kernels/cuda/attention_decode.cuh"
 #include "kernels/cuda/cuda_common.cuh"
@@ -66,6 +70,7 @@ struct StepParams {
   const float *wte, *wpe, *lnfw, *lnfb;
   const int32_t* step;
   float *x, *y, *h, *att, *logits;
+  unsigned long long* prof;  // PTLLM_DECODE_PROFILE: clock64 deltas per point and block, or null
   StepLayer layers[kMaxLayers];
 };
 static_assert(sizeof(StepParams) <= 4096, "kernel parameters");
@@ -231,12 +236,422 @@ __device__ void head(const StepSmem& sm, const StepParams& p) {
   }
 }
 
+// ---- the profile (PTLLM_DECODE_PROFILE=1): clock64 deltas of thread 0, per point and block ----
+// Points, summed over layers: 0 LayerNorm 1 (with the embedding or the row load), 1 qkv,
+// 2 barrier, 3 attention, 4 barrier, 5 proj (with its row load), 6 barrier, 7 LayerNorm 2,
+// 8 fc, 9 barrier, 10 fcProj (with its row load), 11 barrier, 12 final LayerNorm, 13 head.
+// (In the second form a barrier's point also holds the loads issued before it.)
+// Slot kProfPoints * kMaxCluster counts the launches.
+constexpr int kProfPoints = 14;
+constexpr int kProfSlots = kProfPoints * kMaxCluster + 1;
+
+__device__ __forceinline__ void stamp(const StepParams& p, long long& t, int point) {
+  if (p.prof && threadIdx.x == 0) {
+    const long long now = clock64();
+    atomicAdd(p.prof + point * kMaxCluster + blockIdx.x, (unsigned long long)(now - t));
+    t = now;
+  }
+}
+
+// ---- the second form (the default): rows in distributed shared memory, loads before barriers --
+// Same phases, barriers and per-element arithmetic as decodeStepKernel; what moves is where the
+// rows live and when the read-only operands are fetched:
+//   - every block holds the whole residual x (xs), the current linear input (lnY: a LayerNorm
+//     output or y) and h (hb) in its own shared memory; the block that computes an element of
+//     y, h or x stores it into every block's copy (st.shared::cluster), so after a barrier no
+//     block reads its next input from L2 (the global x, y, h are still written, as outputs);
+//   - each linear issues its first round of weight and bias loads, and the LayerNorm before it
+//     its w and b, before the barrier that makes its input final, so that latency overlaps
+//     the barrier (an L1 prefetch of the next phase's weights instead was measured slower:
+//     bench/results/cuda-20261203-1343.txt).
+// Buffers are reused only across a barrier: lnY is written remotely in the attention phase
+// (y) and locally in the LayerNorm phases; hb (shared with the attention's scratch) remotely
+// in the fc phase; xs remotely in the two residual phases; each is read only in the phase
+// after its writes.
+__host__ __device__ constexpr int rowFloats(int C) {
+  return (C + 3) / 4 * 4;
+}
+__host__ __device__ constexpr int hbFloats(int C) {
+  return 4 * rowFloats(C) > int((sizeof(decode::Smem) + 15) / 16 * 4)
+             ? 4 * rowFloats(C)
+             : int((sizeof(decode::Smem) + 15) / 16 * 4);
+}
+__host__ __device__ constexpr int smem2Floats(int C) {
+  return 2 * rowFloats(C) + hbFloats(C) + kWarps * 33 + 4;
+}
+
+__device__ __forceinline__ int f16Vpl(int K) {
+  const int nvec = (K + 63) / 64 * 64 / perVec<Fmt::F16>();
+  return nvec <= 32 ? 1 : nvec <= 64 ? 2 : nvec <= 128 ? 4 : 8;
+}
+// Columns per warp at a time: enough that every warp of the cluster has one when N allows,
+// at most kGemvLoads / VPL. A column's arithmetic does not depend on it (lane l sums vectors
+// l, l+32, ... in order whatever the schedule).
+__device__ __forceinline__ int f16Cb(int K, int N) {
+  const int W = int(gridDim.x) * kWarps, most = kGemvLoads / f16Vpl(K);
+  int cb = 1;
+  while (cb < most && cb * W < N) cb *= 2;
+  return cb;
+}
+
+struct Rows {
+  float *xs, *lnY, *hb;
+  float (*red)[33];
+  float* stats;
+};
+
+// A LayerNorm's w and b for this thread's channels (c = threadIdx.x + kThreads * i), read
+// ahead of the barrier that precedes the LayerNorm.
+struct LnParams {
+  float w[kMaxC / kThreads], b[kMaxC / kThreads];
+};
+__device__ __forceinline__ LnParams loadLn(const float* w, const float* b, int C) {
+  LnParams q;
+#pragma unroll
+  for (int i = 0; i < kMaxC / kThreads; ++i) {
+    const int c = int(threadIdx.x) + kThreads * i;
+    q.w[i] = c < C ? __ldg(w + c) : 0.f;
+    q.b[i] = c < C ? __ldg(b + c) : 0.f;
+  }
+  return q;
+}
+
+// dst = LayerNorm(src) (layernormRow's arithmetic), every thread of the block.
+__device__ void layernormTo(const Rows& r, float* dst, const float* src, const LnParams& q, int C) {
+  if (threadIdx.x < 32) {
+    float mu, rs;
+    layernormRowStats(src, C, threadIdx.x, mu, rs);
+    if (threadIdx.x == 0) {
+      r.stats[0] = mu;
+      r.stats[1] = rs;
+    }
+  }
+  __syncthreads();
+  const float mu = r.stats[0], rs = r.stats[1];
+#pragma unroll
+  for (int i = 0; i < kMaxC / kThreads; ++i) {
+    const int c = int(threadIdx.x) + kThreads * i;
+    if (c < C) dst[c] = layernormApply(src[c], mu, rs, q.w[i], q.b[i]);
+  }
+  __syncthreads();
+}
+
+// Where a linear's outputs go: Store (global only: the cache row), Residual (x[n] += v into
+// every block's xs and the global x), Gelu (gelu(v) into every block's hb and the global h).
+struct Dest {
+  Epi e;
+  float* global;
+  float* shared;  // this block's copy (the same offset in every block)
+};
+
+// Lane `lane` of a warp whose lanes all hold column n's value v (the butterfly sum).
+__device__ __forceinline__ void storeWarp(cg::cluster_group& cl, const Dest& d, int n, float v,
+                                          int lane) {
+  if (d.e == Epi::Store) {
+    if (lane == 0) d.global[n] = v;
+    return;
+  }
+  const float o = d.e == Epi::Residual ? __fadd_rn(d.shared[n], v) : geluTanh(v);
+  if (lane < int(gridDim.x)) cl.map_shared_rank(d.shared, unsigned(lane))[n] = o;
+  if (lane == 0) d.global[n] = o;
+}
+
+// One thread with its own column n.
+__device__ __forceinline__ void storeOne(cg::cluster_group& cl, const Dest& d, int n, float v) {
+  if (d.e == Epi::Store) {
+    d.global[n] = v;
+    return;
+  }
+  const float o = d.e == Epi::Residual ? __fadd_rn(d.shared[n], v) : geluTanh(v);
+  for (unsigned r = 0; r < gridDim.x; ++r) cl.map_shared_rank(d.shared, r)[n] = o;
+  d.global[n] = o;
+}
+
+// gemvF16's arithmetic. The first round's weights and biases are loaded before pre() (the
+// barrier that makes the input row final, and the LayerNorm that writes it): every thread calls
+// pre() exactly once, warps without a column too, so the loads' latency hides behind it.
+template <int VPL, int CB, class Pre>
+__device__ void gemvF16L1(cg::cluster_group& cl, const float* xs, const unsigned char* w,
+                          const float* bias, int K, int N, const Dest& d, Pre& pre) {
+  constexpr int E = perVec<Fmt::F16>();
+  const int lane = threadIdx.x & 31;
+  const int gw = blockIdx.x * kWarps + (threadIdx.x >> 5), W = gridDim.x * kWarps;
+  const int Kp = (K + 63) / 64 * 64;
+  const int nvec = Kp / E;
+  bool waiting = true;
+  for (int n0 = gw * CB;; n0 += W * CB) {
+    const bool active = n0 < N;
+    if (!active && !waiting) break;
+    float acc[CB], bs[CB];
+#pragma unroll
+    for (int c = 0; c < CB; ++c) {
+      acc[c] = 0.f;
+      bs[c] = active && n0 + c < N ? __ldg(bias + n0 + c) : 0.f;
+    }
+    for (int v0 = 0; v0 < nvec; v0 += 32 * VPL) {
+      uint4 wv[CB][VPL];
+#pragma unroll
+      for (int c = 0; c < CB; ++c) {
+        const int n = n0 + c;
+        const uint4* row = reinterpret_cast<const uint4*>(w + size_t(n < N ? n : 0) * Kp * 2);
+#pragma unroll
+        for (int i = 0; i < VPL; ++i) {
+          const int v = v0 + lane + 32 * i;
+          wv[c][i] = n < N && v < nvec ? __ldg(row + v) : make_uint4(0, 0, 0, 0);
+        }
+      }
+      if (waiting) {
+        pre();
+        waiting = false;
+      }
+      if (!active) break;
+#pragma unroll
+      for (int c = 0; c < CB; ++c) {
+#pragma unroll
+        for (int i = 0; i < VPL; ++i) {
+          const int k0 = (v0 + lane + 32 * i) * E;
+          if (k0 >= K) continue;
+          float wf[E];
+          unpackVec<Fmt::F16>(wv[c][i], wf);
+#pragma unroll
+          for (int j = 0; j < E; ++j)
+            if (k0 + j < K) acc[c] = fmaf(xs[k0 + j], wf[j], acc[c]);
+        }
+      }
+    }
+    if (!active) break;
+#pragma unroll
+    for (int c = 0; c < CB; ++c) {
+      const int n = n0 + c;
+      const float sum = warpSum(acc[c]);
+      if (n < N) storeWarp(cl, d, n, fmaf(sum, 1.f, bs[c]), lane);
+    }
+  }
+}
+
+// gemvF32's arithmetic (warp w sums k = w, w+8, ...; partials added in warp order, then bias).
+// For K <= 8 * kF32Ahead the first group's weights are loaded before pre(), as above.
+constexpr int kF32Ahead = 32;
+template <class Pre>
+__device__ void gemvF32L1(cg::cluster_group& cl, const Rows& r, const float* xs, const float* w,
+                          const float* bias, int K, int N, const Dest& d, Pre& pre) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int groups = (N + 31) / 32;
+  int g = blockIdx.x;
+  if (K <= kWarps * kF32Ahead) {
+    const int n = g * 32 + lane;
+    const bool active = g < groups && n < N;
+    float wr[kF32Ahead];
+#pragma unroll
+    for (int i = 0; i < kF32Ahead; ++i) {
+      const int k = warp + kWarps * i;
+      wr[i] = active && k < K ? __ldg(w + (int64_t)k * N + n) : 0.f;
+    }
+    const float b = active ? __ldg(bias + n) : 0.f;
+    pre();
+    if (g < groups) {
+      float acc = 0.0f;
+      if (n < N) {
+#pragma unroll
+        for (int i = 0; i < kF32Ahead; ++i) {
+          const int k = warp + kWarps * i;
+          if (k < K) acc = fmaf(xs[k], wr[i], acc);
+        }
+      }
+      r.red[warp][lane] = acc;
+      __syncthreads();
+      if (warp == 0 && n < N) {
+        float s = 0.0f;
+#pragma unroll
+        for (int q = 0; q < kWarps; ++q) s += r.red[q][lane];
+        s += b;
+        storeOne(cl, d, n, s);
+      }
+      __syncthreads();
+    }
+    g += gridDim.x;
+  } else {
+    pre();
+  }
+  for (; g < groups; g += gridDim.x) {
+    const int n = g * 32 + lane;
+    float acc = 0.0f;
+    if (n < N) {
+#pragma unroll 16
+      for (int k = warp; k < K; k += kWarps) acc = fmaf(xs[k], __ldg(w + (int64_t)k * N + n), acc);
+    }
+    r.red[warp][lane] = acc;
+    __syncthreads();
+    if (warp == 0 && n < N) {
+      float s = 0.0f;
+#pragma unroll
+      for (int q = 0; q < kWarps; ++q) s += r.red[q][lane];
+      s += __ldg(bias + n);
+      storeOne(cl, d, n, s);
+    }
+    __syncthreads();
+  }
+}
+
+// out = xs @ l (d says where), pre() run by every thread once the weights are on their way.
+template <class Pre>
+__device__ void linear2(cg::cluster_group& cl, const Rows& r, const float* xs, const StepLinear& l,
+                        int K, int N, const Dest& d, Pre&& pre) {
+  if (l.f16) {
+    const auto* w = static_cast<const unsigned char*>(l.w);
+    switch (f16Vpl(K) * 16 + f16Cb(K, N)) {
+      case 16 + 1:
+        gemvF16L1<1, 1>(cl, xs, w, l.b, K, N, d, pre);
+        break;
+      case 16 + 2:
+        gemvF16L1<1, 2>(cl, xs, w, l.b, K, N, d, pre);
+        break;
+      case 16 + 4:
+        gemvF16L1<1, 4>(cl, xs, w, l.b, K, N, d, pre);
+        break;
+      case 16 + 8:
+        gemvF16L1<1, 8>(cl, xs, w, l.b, K, N, d, pre);
+        break;
+      case 32 + 1:
+        gemvF16L1<2, 1>(cl, xs, w, l.b, K, N, d, pre);
+        break;
+      case 32 + 2:
+        gemvF16L1<2, 2>(cl, xs, w, l.b, K, N, d, pre);
+        break;
+      case 32 + 4:
+        gemvF16L1<2, 4>(cl, xs, w, l.b, K, N, d, pre);
+        break;
+      case 64 + 1:
+        gemvF16L1<4, 1>(cl, xs, w, l.b, K, N, d, pre);
+        break;
+      case 64 + 2:
+        gemvF16L1<4, 2>(cl, xs, w, l.b, K, N, d, pre);
+        break;
+      default:
+        gemvF16L1<8, 1>(cl, xs, w, l.b, K, N, d, pre);
+    }
+  } else {
+    gemvF32L1(cl, r, xs, static_cast<const float*>(l.w), l.b, K, N, d, pre);
+  }
+}
+
+__global__ void __launch_bounds__(kThreads, 1)
+    decodeStepKernel2(const __grid_constant__ StepParams p) {
+  extern __shared__ float4 dynSmem[];
+  float* base = reinterpret_cast<float*>(dynSmem);
+  const int C = p.C, tok = p.step[0], pos = p.step[1], hs = C / p.NH;
+  const int64_t stride = 3 * (int64_t)C;
+  Rows r;
+  r.xs = base;
+  r.lnY = base + rowFloats(C);
+  r.hb = base + 2 * rowFloats(C);
+  r.red = reinterpret_cast<float(*)[33]>(r.hb + hbFloats(C));
+  r.stats = r.hb + hbFloats(C) + kWarps * 33;
+  decode::Smem& att = *reinterpret_cast<decode::Smem*>(r.hb);
+  cg::cluster_group cl = cg::this_cluster();
+  long long t = p.prof ? clock64() : 0;
+  if (p.prof && threadIdx.x == 0 && blockIdx.x == 0) atomicAdd(p.prof + kProfSlots - 1, 1ull);
+
+  // x = wte[tok] + wpe[pos] in every block (block 0 also stores the global x).
+  for (int c = threadIdx.x; c < C; c += kThreads) {
+    const float v = __ldg(p.wte + (int64_t)tok * C + c) + __ldg(p.wpe + (int64_t)pos * C + c);
+    r.xs[c] = v;
+    if (blockIdx.x == 0) p.x[c] = v;
+  }
+  __syncthreads();
+  // Each linear's weights, biases and the LayerNorm parameters before it are read ahead of the
+  // barrier that precedes it (pre(): barrier, then the LayerNorm); the rows never leave the
+  // blocks' shared memory.
+  for (int l = 0; l < p.nLayer; ++l) {
+    const StepLayer& L = p.layers[l];
+    {
+      const LnParams ln = loadLn(L.ln1w, L.ln1b, C);
+      linear2(cl, r, r.lnY, L.attn, C, 3 * C, {Epi::Store, L.cache + pos * stride, nullptr}, [&] {
+        if (l > 0) {
+          cl.sync();
+          stamp(p, t, 11);
+        }
+        layernormTo(r, r.lnY, r.xs, ln, C);
+        stamp(p, t, 0);
+      });
+    }
+    stamp(p, t, 1);
+    cl.sync();
+    stamp(p, t, 2);
+    for (int h = blockIdx.x; h < p.NH; h += gridDim.x) {
+      float* y = r.lnY + h * hs;
+      decode::query(att, y, p.att + (int64_t)h * p.maxT, L.cache + h * hs, stride, pos + 1, C, hs);
+      __syncthreads();
+      for (int i = threadIdx.x; i < hs * int(gridDim.x); i += kThreads)
+        cl.map_shared_rank(y, unsigned(i / hs))[i % hs] = y[i % hs];
+      for (int i = threadIdx.x; i < hs; i += kThreads) p.y[h * hs + i] = y[i];
+      __syncthreads();  // att is reused by the next head
+    }
+    stamp(p, t, 3);
+    linear2(cl, r, r.lnY, L.proj, C, C, {Epi::Residual, p.x, r.xs}, [&] {
+      cl.sync();
+      stamp(p, t, 4);
+    });
+    stamp(p, t, 5);
+    {
+      const LnParams ln = loadLn(L.ln2w, L.ln2b, C);
+      linear2(cl, r, r.lnY, L.fc, C, 4 * C, {Epi::Gelu, p.h, r.hb}, [&] {
+        cl.sync();
+        stamp(p, t, 6);
+        layernormTo(r, r.lnY, r.xs, ln, C);
+        stamp(p, t, 7);
+      });
+    }
+    stamp(p, t, 8);
+    linear2(cl, r, r.hb, L.fcProj, 4 * C, C, {Epi::Residual, p.x, r.xs}, [&] {
+      cl.sync();
+      stamp(p, t, 9);
+    });
+    stamp(p, t, 10);
+  }
+  // The head's first rows (a warp per vocabulary row, lanes over k) and the final LayerNorm's
+  // parameters, read before the last barrier.
+  const LnParams lnf = loadLn(p.lnfw, p.lnfb, C);
+  const int lane = threadIdx.x & 31;
+  const int gw = blockIdx.x * kWarps + (threadIdx.x >> 5), W = gridDim.x * kWarps;
+  constexpr int kHeadAhead = 8;  // C <= 256: the whole row
+  float hr[kHeadAhead];
+#pragma unroll
+  for (int i = 0; i < kHeadAhead; ++i) {
+    const int k = lane + 32 * i;
+    hr[i] = gw < p.V && k < C ? __ldg(p.wte + (int64_t)gw * C + k) : 0.f;
+  }
+  if (p.nLayer > 0) {
+    cl.sync();
+    stamp(p, t, 11);
+  }
+  layernormTo(r, r.lnY, r.xs, lnf, C);
+  stamp(p, t, 12);
+  for (int n = gw; n < p.V; n += W) {
+    const float* brow = p.wte + (int64_t)n * C;
+    float acc = 0.0f;
+    if (n == gw && C <= 32 * kHeadAhead) {
+#pragma unroll
+      for (int i = 0; i < kHeadAhead; ++i)
+        if (lane + 32 * i < C) acc = fmaf(r.lnY[lane + 32 * i], hr[i], acc);
+    } else {
+#pragma unroll 8
+      for (int k = lane; k < C; k += 32) acc = fmaf(r.lnY[k], __ldg(brow + k), acc);
+    }
+    const float s = warpSum(acc);
+    if (lane == 0) p.logits[n] = s;
+  }
+  stamp(p, t, 13);
+}
+
 __global__ void __launch_bounds__(kThreads, 1)
     decodeStepKernel(const __grid_constant__ StepParams p) {
   __shared__ StepSmem sm;
   cg::cluster_group cluster = cg::this_cluster();
   const int C = p.C, tok = p.step[0], pos = p.step[1], hs = C / p.NH;
   const int64_t stride = 3 * (int64_t)C;
+  long long t = p.prof ? clock64() : 0;
+  if (p.prof && threadIdx.x == 0 && blockIdx.x == 0) atomicAdd(p.prof + kProfSlots - 1, 1ull);
   for (int l = 0; l < p.nLayer; ++l) {
     const StepLayer& L = p.layers[l];
     if (l == 0)
@@ -244,31 +659,45 @@ __global__ void __launch_bounds__(kThreads, 1)
     else
       loadRow(sm.row, p.x, C);
     layernormRow(sm, L.ln1w, L.ln1b, C);
+    stamp(p, t, 0);
     linear(sm, L.attn, C, 3 * C, Epi::Store, L.cache + pos * stride);
+    stamp(p, t, 1);
     cluster.sync();
+    stamp(p, t, 2);
     for (int h = blockIdx.x; h < p.NH; h += gridDim.x) {
       decode::query(sm.att, p.y + h * hs, p.att + (int64_t)h * p.maxT, L.cache + h * hs, stride,
                     pos + 1, C, hs);
       __syncthreads();  // sm.att is reused by the next head
     }
+    stamp(p, t, 3);
     cluster.sync();
+    stamp(p, t, 4);
     loadRow(sm.row, p.y, C);
     linear(sm, L.proj, C, C, Epi::Residual, p.x);
+    stamp(p, t, 5);
     cluster.sync();
+    stamp(p, t, 6);
     loadRow(sm.row, p.x, C);
     layernormRow(sm, L.ln2w, L.ln2b, C);
+    stamp(p, t, 7);
     linear(sm, L.fc, C, 4 * C, Epi::Gelu, p.h);
+    stamp(p, t, 8);
     cluster.sync();
+    stamp(p, t, 9);
     loadRow(sm.row, p.h, 4 * C);
     linear(sm, L.fcProj, 4 * C, C, Epi::Residual, p.x);
+    stamp(p, t, 10);
     cluster.sync();
+    stamp(p, t, 11);
   }
   if (p.nLayer == 0)
     embed(sm, p, tok, pos);
   else
     loadRow(sm.row, p.x, C);
   layernormRow(sm, p.lnfw, p.lnfb, C);
+  stamp(p, t, 12);
   head(sm, p);
+  stamp(p, t, 13);
 }
 
 cudaLaunchConfig_t clusterLaunch(int blocks, cudaLaunchAttribute* attr) {
@@ -290,26 +719,97 @@ StepLinear stepLinear(const Ops::DecodeLinear& l) {
   return {l.w, l.b, l.f16Storage ? 1 : 0};
 }
 
+// PTLLM_DECODE_KERNEL=1 launches the first form (decodeStepKernel; both are bit-identical),
+// anything else the second (decodeStepKernel2). Read once per process.
+int formEnv() {
+  static const int form = [] {
+    const char* e = std::getenv("PTLLM_DECODE_KERNEL");
+    return e ? std::atoi(e) : 2;
+  }();
+  return form;
+}
+bool useFirstForm() {
+  return formEnv() == 1;
+}
+
+size_t smemBytes(int C) {
+  return useFirstForm() ? 0 : size_t(smem2Floats(C)) * sizeof(float);
+}
+
+// PTLLM_DECODE_PROFILE=1: a device buffer of kProfSlots counters that every launch adds its
+// phase times to; printed to stderr at exit (per launch: block 0's and the slowest block's).
+unsigned long long* gProf = nullptr;
+
+void printProfile() {
+  std::vector<unsigned long long> h(kProfSlots);
+  if (cudaDeviceSynchronize() != cudaSuccess ||
+      cudaMemcpy(h.data(), gProf, h.size() * sizeof(h[0]), cudaMemcpyDeviceToHost) != cudaSuccess)
+    return;
+  int dev = 0, khz = 0;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, dev);
+  const double n = double(h[kProfSlots - 1]);
+  if (n <= 0 || khz <= 0) return;
+  static const char* names[kProfPoints] = {
+      "ln1 (+row/embed)", "qkv", "barrier", "attention",     "barrier", "proj (+row)", "barrier",
+      "ln2 (+row)",       "fc",  "barrier", "fcProj (+row)", "barrier", "final ln",    "head"};
+  std::fprintf(stderr, "[decode profile] form %d, %.0f launches, clock %d MHz; us per launch\n",
+               useFirstForm() ? 1 : 2, n, khz / 1000);
+  double total0 = 0;
+  for (int i = 0; i < kProfPoints; ++i) {
+    const double b0 = double(h[size_t(i) * kMaxCluster]) / n / (khz * 1e-3);
+    double mx = 0;
+    for (int b = 0; b < kMaxCluster; ++b)
+      mx = std::max(mx, double(h[size_t(i) * kMaxCluster + b]) / n / (khz * 1e-3));
+    total0 += b0;
+    std::fprintf(stderr, "[decode profile] %2d %-17s block0 %7.2f  max %7.2f\n", i, names[i], b0,
+                 mx);
+  }
+  std::fprintf(stderr, "[decode profile] total (block 0) %.2f us\n", total0);
+}
+
+unsigned long long* profileBuffer() {
+  static unsigned long long* buf = [] {
+    const char* e = std::getenv("PTLLM_DECODE_PROFILE");
+    if (!e || std::strcmp(e, "1") != 0) return static_cast<unsigned long long*>(nullptr);
+    PTLLM_CUDA_CHECK(cudaMalloc(&gProf, kProfSlots * sizeof(unsigned long long)));
+    PTLLM_CUDA_CHECK(cudaMemset(gProf, 0, kProfSlots * sizeof(unsigned long long)));
+    std::atexit(printProfile);
+    return gProf;
+  }();
+  return buf;
+}
+
 }  // namespace
 
 int decodeStepMaxBlocks() {
   // Asked once per process (the first CudaOps, outside any capture): the largest cluster the
   // device will co-schedule, 16 (non-portable) or 8; 0 when clusters are unavailable.
   static const int blocks = [] {
-    if (cudaFuncSetAttribute(decodeStepKernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) !=
+    const void* kernel = useFirstForm() ? reinterpret_cast<const void*>(decodeStepKernel)
+                                        : reinterpret_cast<const void*>(decodeStepKernel2);
+    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) !=
         cudaSuccess)
       cudaGetLastError();  // then only portable sizes
+    if (!useFirstForm()) {
+      // Room for the largest C's rows; the rest of the 256 KB stays L1.
+      PTLLM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            int(smemBytes(kMaxC))));
+      PTLLM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                            cudaSharedmemCarveoutMaxL1));
+    }
     for (int b : {kMaxCluster, kPortableCluster}) {
       cudaLaunchAttribute attr;
-      const cudaLaunchConfig_t cfg = clusterLaunch(b, &attr);
+      cudaLaunchConfig_t cfg = clusterLaunch(b, &attr);
+      cfg.dynamicSmemBytes = smemBytes(kMaxC);
       int clusters = 0;
-      if (cudaOccupancyMaxActiveClusters(&clusters, decodeStepKernel, &cfg) == cudaSuccess &&
-          clusters > 0)
+      if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) == cudaSuccess && clusters > 0)
         return b;
       cudaGetLastError();
     }
     return 0;
   }();
+  profileBuffer();  // allocated here, outside any step capture
   return blocks;
 }
 
@@ -336,6 +836,7 @@ int launchDecodeStep(const Ops::DecodeStepArgs& a) {
   p.h = a.h;
   p.att = a.att;
   p.logits = a.logits;
+  p.prof = profileBuffer();
   for (int l = 0; l < nLayer; ++l) {
     const Ops::DecodeLayer& s = a.layers[size_t(l)];
     StepLayer& d = p.layers[l];
@@ -353,8 +854,12 @@ int launchDecodeStep(const Ops::DecodeStepArgs& a) {
   // (docs/performance.md has the figures).
   const int blocks = std::min(a.clusterBlocks > 0 ? a.clusterBlocks : maxBlocks, maxBlocks);
   cudaLaunchAttribute attr;
-  const cudaLaunchConfig_t cfg = clusterLaunch(blocks, &attr);
-  PTLLM_CUDA_CHECK(cudaLaunchKernelEx(&cfg, decodeStepKernel, p));
+  cudaLaunchConfig_t cfg = clusterLaunch(blocks, &attr);
+  cfg.dynamicSmemBytes = smemBytes(a.C);
+  if (useFirstForm())
+    PTLLM_CUDA_CHECK(cudaLaunchKernelEx(&cfg, decodeStepKernel, p));
+  else
+    PTLLM_CUDA_CHECK(cudaLaunchKernelEx(&cfg, decodeStepKernel2, p));
   return blocks;
 }
 

@@ -5,8 +5,9 @@
 //
 // M <= 8 (decode, short prompts) runs a GEMV-style kernel: a warp per output column, every row
 // of the input against the same loaded weights, a shuffle reduction; the cost is the weight
-// bytes over memory bandwidth. M > 8 runs a shared-memory tiled kernel that widens the weights
-// to f32 as it stages them.
+// bytes over memory bandwidth. f16 at M = 1 runs the fastest of the schedule variants below
+// (several columns per warp sharing each read of x; the same arithmetic). M > 8 runs a
+// shared-memory tiled kernel that widens the weights to f32 as it stages them.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -105,14 +106,16 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
   }
 }
 
-// ---- M = 1 GEMV variants (benchmarks: which schedule streams 16384^2 fastest) ----
+// ---- M = 1 GEMV variants (benchmarks: which schedule streams 16384^2 and 4096^2 fastest) ----
 // Each is gemvKernel<F16, 1>'s arithmetic: a warp per output column, lane l accumulating
 // vectors l, l+32, ... of the packed row in increasing order, elements in order, the butterfly
 // sum, fmaf(sum, 1, bias). Only the schedule differs: warps per block (WPB), loads in flight per
-// lane and column (U), columns per warp at once (CPW), the L2 prefetch hint, and a persistent
-// grid (as many blocks as fit, columns grid-strided) instead of one warp per column.
-template <int WPB, int U, int CPW, bool kHint, bool kPersistent>
-__global__ void __launch_bounds__(WPB * 32)
+// lane and column (U), columns per warp at once (CPW: one float4 read of x serves them all),
+// kPipe (the next round's weight loads issued before this round's arithmetic, two register
+// buffers), a persistent grid (as many blocks as fit, columns grid-strided), and MINB (resident
+// blocks per SM the register allocation must allow).
+template <int WPB, int U, int CPW, bool kPipe, bool kPersistent, int MINB>
+__global__ void __launch_bounds__(WPB * 32, MINB)
     gemvF16VariantKernel(float* __restrict__ out, const float* __restrict__ in,
                          const unsigned char* __restrict__ w, const float* __restrict__ bias, int K,
                          int N, int Kp) {
@@ -121,35 +124,72 @@ __global__ void __launch_bounds__(WPB * 32)
   const int gw = blockIdx.x * WPB + (threadIdx.x >> 5);
   const int step = kPersistent ? gridDim.x * WPB * CPW : N;  // non-persistent: one round
   const int nvec = Kp / E;
+  const bool vecX = K % 4 == 0 && (reinterpret_cast<uintptr_t>(in) & 15) == 0;
   for (int n0 = gw * CPW; n0 < N; n0 += step) {
-    float acc[CPW];
+    const uint4* rows[CPW];
 #pragma unroll
-    for (int c = 0; c < CPW; ++c) acc[c] = 0.f;
-    for (int v0 = lane; v0 < nvec; v0 += 32 * U) {
-      uint4 wv[CPW][U];
+    for (int c = 0; c < CPW; ++c)
+      rows[c] = reinterpret_cast<const uint4*>(w + size_t(n0 + c < N ? n0 + c : 0) * Kp * 2);
+    auto load = [&](uint4(&wv)[CPW][U], int v0) {
 #pragma unroll
-      for (int c = 0; c < CPW; ++c) {
-        const int n = n0 + c;
-        const uint4* row = reinterpret_cast<const uint4*>(w + size_t(n < N ? n : 0) * Kp * 2);
+      for (int c = 0; c < CPW; ++c)
 #pragma unroll
         for (int u = 0; u < U; ++u) {
           const int v = v0 + u * 32;
-          const bool ok = n < N && v < nvec;
-          wv[c][u] = ok ? loadStreaming<kHint>(row + v) : make_uint4(0, 0, 0, 0);
+          wv[c][u] = n0 + c < N && v < nvec ? loadStreaming(rows[c] + v) : make_uint4(0, 0, 0, 0);
         }
-      }
+    };
+    float acc[CPW];
 #pragma unroll
-      for (int c = 0; c < CPW; ++c) {
+    for (int c = 0; c < CPW; ++c) acc[c] = 0.f;
+    auto compute = [&](const uint4(&wv)[CPW][U], int v0) {
 #pragma unroll
-        for (int u = 0; u < U; ++u) {
-          const int k0 = (v0 + u * 32) * E;
-          if (k0 >= K) continue;
+      for (int u = 0; u < U; ++u) {
+        const int k0 = (v0 + u * 32) * E;
+        if (k0 >= K) continue;
+        float x[E];
+        if (vecX && k0 + E <= K) {
+#pragma unroll
+          for (int j = 0; j < E; j += 4) {
+            const float4 xv = __ldg(reinterpret_cast<const float4*>(in + k0 + j));
+            x[j] = xv.x;
+            x[j + 1] = xv.y;
+            x[j + 2] = xv.z;
+            x[j + 3] = xv.w;
+          }
+        } else {
+#pragma unroll
+          for (int j = 0; j < E; ++j) x[j] = k0 + j < K ? __ldg(in + k0 + j) : 0.f;
+        }
+#pragma unroll
+        for (int c = 0; c < CPW; ++c) {
           float wf[E];
           unpackVec<Fmt::F16>(wv[c][u], wf);
 #pragma unroll
           for (int j = 0; j < E; ++j)
-            if (k0 + j < K) acc[c] = fmaf(__ldg(in + k0 + j), wf[j], acc[c]);
+            if (k0 + j < K) acc[c] = fmaf(x[j], wf[j], acc[c]);
         }
+      }
+    };
+    if constexpr (kPipe) {
+      uint4 a[CPW][U], b[CPW][U];
+      int v0 = lane;
+      load(a, v0);
+      while (true) {
+        if (v0 + 32 * U < nvec) load(b, v0 + 32 * U);
+        compute(a, v0);
+        v0 += 32 * U;
+        if (v0 >= nvec) break;
+        if (v0 + 32 * U < nvec) load(a, v0 + 32 * U);
+        compute(b, v0);
+        v0 += 32 * U;
+        if (v0 >= nvec) break;
+      }
+    } else {
+      for (int v0 = lane; v0 < nvec; v0 += 32 * U) {
+        uint4 wv[CPW][U];
+        load(wv, v0);
+        compute(wv, v0);
       }
     }
 #pragma unroll
@@ -166,10 +206,10 @@ struct GemvVariant {
   void (*launch)(float*, const float*, const unsigned char*, const float*, int, int, int);
 };
 
-template <int WPB, int U, int CPW, bool kHint, bool kPersistent>
+template <int WPB, int U, int CPW, bool kPipe, bool kPersistent, int MINB = 1>
 void launchGemvVariant(float* out, const float* in, const unsigned char* w, const float* bias,
                        int K, int N, int Kp) {
-  auto kernel = gemvF16VariantKernel<WPB, U, CPW, kHint, kPersistent>;
+  auto kernel = gemvF16VariantKernel<WPB, U, CPW, kPipe, kPersistent, MINB>;
   const int cols = WPB * CPW;
   unsigned blocks = ceilDiv(N, cols);
   if constexpr (kPersistent) {
@@ -187,14 +227,21 @@ void launchGemvVariant(float* out, const float* in, const unsigned char* w, cons
 }
 
 const GemvVariant kGemvVariants[] = {
-    {"8w-u8-hint256", launchGemvVariant<8, 8, 1, true, false>},  // matmulF16's schedule
-    {"8w-u8-persistent", launchGemvVariant<8, 8, 1, true, true>},
-    {"4w-u8", launchGemvVariant<4, 8, 1, true, false>},
-    {"8w-u4-2col", launchGemvVariant<8, 4, 2, true, false>},
-    {"4w-u16", launchGemvVariant<4, 16, 1, true, false>},
-    {"8w-u8-nohint", launchGemvVariant<8, 8, 1, false, false>},
-    {"4w-u16-persistent", launchGemvVariant<4, 16, 1, true, true>},
-    {"16w-u8", launchGemvVariant<16, 8, 1, true, false>},
+    {"8w-u8", launchGemvVariant<8, 8, 1, false, false>},  // gemvKernel (M = 2..8, bf16, fp8)
+    {"8w-u8-2col", launchGemvVariant<8, 8, 2, false, false>},
+    {"8w-u4-2col", launchGemvVariant<8, 4, 2, false, false>},
+    {"8w-u4-4col", launchGemvVariant<8, 4, 4, false, false>},
+    {"8w-u2-4col", launchGemvVariant<8, 2, 4, false, false>},
+    {"8w-u8-pipe", launchGemvVariant<8, 8, 1, true, false>},
+    {"8w-u4-pipe", launchGemvVariant<8, 4, 1, true, false>},
+    {"8w-u4-2col-pipe", launchGemvVariant<8, 4, 2, true, false>},
+    {"8w-u2-4col-pipe", launchGemvVariant<8, 2, 4, true, false>},
+    {"4w-u8-pipe", launchGemvVariant<4, 8, 1, true, false>},
+    {"8w-u16", launchGemvVariant<8, 16, 1, false, false>},
+    {"8w-u4-2col-pipe-persistent", launchGemvVariant<8, 4, 2, true, true>},
+    {"8w-u8-pipe-b3", launchGemvVariant<8, 8, 1, true, false, 3>},
+    {"8w-u4-2col-pipe-b4", launchGemvVariant<8, 4, 2, true, false, 4>},
+    {"8w-u4-pipe-b4", launchGemvVariant<8, 4, 1, true, false, 4>},
 };
 
 // ---- tiled: M > 8 ----
@@ -256,6 +303,18 @@ void matmulStorage(float* out, const float* in, const void* w, const float* bias
   const float* scales =
       F == Fmt::FP8 ? reinterpret_cast<const float*>(wb + size_t(N) * Kp) : nullptr;
   cudaStream_t s = stream();
+  if constexpr (F == Fmt::F16) {
+    if (M == 1) {
+      // The sweep's fastest schedules on the H200 (bench/results/cuda-20261203-1343.txt):
+      // four columns per warp, two loads each in flight, pipelined, at 16384^2 (3.88 TB/s);
+      // two columns, four loads each, at 4096^2 (17.6 us). Same arithmetic as gemvKernel.
+      if (int64_t(K) * N >= (int64_t(1) << 26))
+        launchGemvVariant<8, 2, 4, true, false>(out, in, wb, bias, K, N, Kp);
+      else
+        launchGemvVariant<8, 4, 2, false, false>(out, in, wb, bias, K, N, Kp);
+      return;
+    }
+  }
   if (M <= 8) {
     const bool vecX = K % 4 == 0 && reinterpret_cast<uintptr_t>(in) % 16 == 0;
     const dim3 grid(ceilDiv(N, kGemvWarps)), block(kGemvWarps * 32);

@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# One device call for the decode and GEMV work (issue #6), inside a 300 s limit: build only the
+# binary and the CUDA tests, run those tests (the fused step's bit-identity under each of its
+# forms too), then the decode bench for each form with its phase profile, PyTorch's peer, and
+# `ptllm bench cuda` (GEMV schedules), each stage under its own timeout. Files under $OUT:
+# env.txt build.log tests.log decode.txt torch.txt benchcuda.txt summary.txt.
+#   bench/gpu_decode_session.sh    env: OUT, JOBS, DEPS (as bench/gpu_session.sh)
+set -uo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+OUT=${OUT:-/tmp/gpu-decode}
+JOBS=${JOBS:-$(nproc)}
+mkdir -p "$OUT"
+cd "$ROOT"
+t0=$(date +%s)
+say() { echo "[$(($(date +%s) - t0))s] $*"; }
+{
+  date -u
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv 2>&1
+  nvcc --version 2>&1 | tail -1
+} > "$OUT/env.txt" 2>&1
+GEN=()
+command -v ninja > /dev/null && GEN=(-G Ninja)
+if [[ -n "${DEPS:-}" ]]; then  # as bench/gpu_session.sh
+  DEPS=$(cd "$DEPS" && pwd)
+  LIB=$DEPS/usr/lib/x86_64-linux-gnu
+  export LD_LIBRARY_PATH=$LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  for so in libssl.so.3 libcrypto.so.3 libbrotlienc.so.1 libbrotlidec.so.1 libz.so.1; do
+    if ! ldconfig -p | grep -q "$so"; then
+      export LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$DEPS/fallback
+      break
+    fi
+  done
+  export PKG_CONFIG_SYSROOT_DIR=$DEPS PKG_CONFIG_LIBDIR=$LIB/pkgconfig
+  GEN+=(-DCMAKE_PREFIX_PATH="$DEPS/usr")
+  command -v pkg-config > /dev/null || GEN+=(-DPKG_CONFIG_EXECUTABLE="$DEPS/usr/bin/pkgconf")
+fi
+say "build"
+{ timeout "${BUILD_TIMEOUT:-120}" cmake -S . -B build "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release &&
+  timeout "${BUILD_TIMEOUT:-120}" cmake --build build -j"$JOBS" --target ptllm \
+    test_cuda_decode_step test_cuda_model test_cuda_ops test_cuda_paths; } > "$OUT/build.log" 2>&1
+say "build exit $?"
+grep -E "warning|error" "$OUT/build.log" | head -10
+[[ -x build/ptllm ]] || exit 1
+
+say "tests"
+{
+  timeout "${TEST_TIMEOUT:-70}" ctest --test-dir build -R Cuda -j4 --output-on-failure &
+  for form in 1; do
+    PTLLM_DECODE_KERNEL=$form timeout "${TEST_TIMEOUT:-70}" build/tests/test_cuda_decode_step \
+      --gtest_filter='*BitForBit*:*CpuReference*' > "/tmp/form$form.log" 2>&1
+    echo "form $form bit-for-bit and reference tests: exit $? $(grep -E 'PASSED|FAILED' /tmp/form$form.log | tr '\n' ' ')"
+    grep -B2 -A8 "Failure" "/tmp/form$form.log" | head -40
+  done
+  wait
+} > "$OUT/tests.log" 2>&1
+grep -E "tests passed|tests failed|\(Failed\)|Timeout|^form" "$OUT/tests.log" | head -20
+say "tests done"
+
+BIN=build/ptllm
+BUNDLED="--n-layer 4 --n-head 4 --n-embd 256 --block-size 256"
+SAMPLE="bench sample $BUNDLED --tokens 200 --repeats 5"
+say "decode"
+{
+  echo "# $(nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader 2>/dev/null)"
+  $BIN --device cuda bench sample $BUNDLED --tokens 200 > /dev/null 2>&1 || true  # clocks up
+  for form in 2 1; do
+    for paths in "" "--paths f32"; do
+      echo "# form $form $paths: fused x16"
+      PTLLM_DECODE_KERNEL=$form timeout 20 $BIN --device cuda $paths $SAMPLE --decode-cluster 16 2>&1 |
+        grep "^peer="
+    done
+  done
+  for paths in "" "--paths f32"; do
+    echo "# default form, $paths default choice"
+    timeout 20 $BIN --device cuda $paths $SAMPLE 2>&1 | grep "^peer="
+    echo "# $paths op kernels"
+    timeout 20 $BIN --device cuda $paths $SAMPLE --no-fused-step 2>&1 | grep "^peer="
+  done
+  for form in 2 1; do
+    for paths in "" "--paths f32"; do
+      echo "# profile: form $form $paths"
+      PTLLM_DECODE_PROFILE=1 PTLLM_DECODE_KERNEL=$form timeout 20 $BIN --device cuda $paths \
+        bench sample $BUNDLED --tokens 200 --decode-cluster 16 2>&1 | grep -E "^peer=|decode profile"
+    done
+  done
+} > "$OUT/decode.txt" 2>&1
+grep -E "^# form|^# default|^# .*op kernels|us_token" "$OUT/decode.txt" |
+  sed -E 's/.*path=([^ ]+).*step_form=([^ ]+).*us_token=([^ ]+) tok_s=([^ ]+) step_us=([^ ]+).*/  \1 \2 us_token=\3 tok_s=\4 step_us=\5/'
+say "torch"
+env -u LD_LIBRARY_PATH PYTHONUNBUFFERED=1 timeout 70 python3 bench/torch_cuda_peer.py \
+  > "$OUT/torch.txt" 2>&1
+grep "^peer=" "$OUT/torch.txt" | sed -E 's/^(.{0,150}).*/\1/'
+say "bench cuda"
+timeout "${BENCH_TIMEOUT:-90}" $BIN --device cuda bench cuda > "$OUT/benchcuda.txt" 2>&1
+grep -E "mode=(copy|gemv)" "$OUT/benchcuda.txt" | grep -E "f16|variant|copy|cublaslt" |
+  sed -E 's/peer=ptllm mode=//; s/ copies=[0-9]+//; s/weight_bytes=[0-9]+ //'
+cat "$OUT/decode.txt" "$OUT/torch.txt" "$OUT/benchcuda.txt" > /tmp/all.txt
+python3 bench/compare_cuda.py /tmp/all.txt > "$OUT/summary.txt" 2>&1
+grep -E "GEMV|decode" "$OUT/summary.txt" | head -20
+say "done"
