@@ -5,7 +5,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/file_io.h"
@@ -103,6 +105,58 @@ TEST_F(CudaModel, StepGraphDecodeEqualsOpByOpDecode) {
     const auto opByOp = run(false), replayed = run(true);
     ASSERT_EQ(opByOp.size(), replayed.size());
     for (size_t i = 0; i < opByOp.size(); ++i) ASSERT_EQ(opByOp[i], replayed[i]) << "step " << i;
+  }
+}
+
+// Greedy runs decoded on the device (Gpt2::decodeGreedy, the device picking each next token)
+// give the host loop's tokens: whole generations across the context's slide and sentinel
+// checks, and one run step by step — every pick the argmax of the host loop's logits, the last
+// logits bit-identical.
+TEST_F(CudaModel, DeviceGreedyRunsEqualTheHostLoop) {
+  for (const char* paths : {"f32", "auto"}) {
+    SCOPED_TRACE(paths);
+    PathSet set(*gpu, PathSelection::parse(paths));
+    LoadedModel lm = loadCheckpoint(*gpu, kModel);
+    Gpt2& m = *lm.model;
+    m.setPaths(&set);
+    const std::vector<int32_t> prompt = lm.tokenizer->encode("ROMEO:", "prompt");
+    auto generate = [&](bool onDevice) {
+      Generator gen(m);
+      SampleOptions o;
+      o.tokens = 300;  // past the 256-token context: one slide
+      o.temperature = 0;
+      o.sentinelEvery = 50;
+      o.deviceGreedy = onDevice;
+      std::vector<int32_t> streamed;
+      const auto out = gen.generate(prompt, o, [&](int32_t t) { streamed.push_back(t); });
+      EXPECT_EQ(streamed, out);
+      EXPECT_EQ(gen.slides(), 1);
+      return std::make_pair(out, gen.context());
+    };
+    const auto host = generate(false), device = generate(true);
+    EXPECT_EQ(host.first, device.first);
+    EXPECT_EQ(host.second, device.second);
+
+    const int V = m.config().vocabSize, n = 40;
+    std::vector<float> logits(static_cast<size_t>(V)), last(logits.size());
+    m.resetCache();
+    m.forwardCached(prompt.data(), int(prompt.size()), logits.data());
+    const int32_t first = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    std::vector<int32_t> picks;
+    ASSERT_TRUE(m.canDecodeGreedy());
+    ASSERT_TRUE(m.decodeGreedy(
+        first, n, [&](int32_t t) { picks.push_back(t); }, last.data()));
+    ASSERT_EQ(picks.size(), size_t(n));
+    EXPECT_EQ(m.cachedTokens(), int(prompt.size()) + n);
+    m.resetCache();
+    m.forwardCached(prompt.data(), int(prompt.size()), logits.data());
+    int32_t fed = first;
+    for (int k = 0; k < n; ++k) {
+      m.forwardCached(&fed, 1, logits.data());
+      fed = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
+      ASSERT_EQ(picks[size_t(k)], fed) << "pick " << k;
+    }
+    EXPECT_EQ(std::memcmp(logits.data(), last.data(), logits.size() * sizeof(float)), 0);
   }
 }
 

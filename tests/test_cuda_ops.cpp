@@ -541,6 +541,44 @@ TEST_F(CudaOpsTest, Gpt2KvCacheDecodeMatchesFullForward) {
   }
 }
 
+// greedyAdvance picks std::max_element's token (the first largest; a NaN wins only at index
+// 0), writes it at tokens[pos] and moves the step on: ties, NaNs, infinities, V = 1, V past
+// the block's threads, a large vocabulary. Unwritten tokens stay poisoned.
+TEST_F(CudaOpsTest, GreedyAdvancePicksWhatMaxElementPicks) {
+  const float nan = std::nanf(""), inf = INFINITY;
+  std::vector<std::vector<float>> cases = {
+      {0.5f},     {1, 3, 3, 2},     {nan, 5, 7}, {4, nan, 7, nan, 7}, {-inf, -inf, -inf},
+      {nan, nan}, {2, inf, 1, inf},
+  };
+  for (int V : {255, 256, 257, 513, 50257}) {
+    cases.push_back(test::randomVector(size_t(V), uint64_t(V)));
+    cases.back()[size_t(V) / 3] = 9.f;  // a tie far apart: the first wins
+    cases.back()[size_t(V) - 1] = 9.f;
+  }
+  auto ids = cuda->allocBytes(8 * sizeof(int32_t));
+  auto step = cuda->allocBytes(2 * sizeof(int32_t));
+  for (const auto& logits : cases) {
+    const int V = int(logits.size());
+    SCOPED_TRACE(::testing::Message() << "V=" << V << " logits[0]=" << logits[0]);
+    const Tensor dl = up(logits);
+    const int pos = 3;
+    std::vector<int32_t> poison(8, -7);
+    Tensor poisonT = cuda->alloc({8});
+    cuda->upload(poisonT, reinterpret_cast<const float*>(poison.data()));
+    cuda->copy(static_cast<float*>(ids->ptr), poisonT.data(), 8);
+    cuda->setDecodeStep(static_cast<int32_t*>(step->ptr), 42, pos);
+    cuda->greedyAdvance(static_cast<int32_t*>(step->ptr), static_cast<int32_t*>(ids->ptr),
+                        dl.data(), V);
+    std::vector<int32_t> got(8), st(2);
+    cuda->downloadIds(got.data(), static_cast<int32_t*>(ids->ptr), 8);
+    cuda->downloadIds(st.data(), static_cast<int32_t*>(step->ptr), 2);
+    const int want = int(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    for (int i = 0; i < 8; ++i) EXPECT_EQ(got[size_t(i)], i == pos ? want : -7) << "slot " << i;
+    EXPECT_EQ(st[0], want);
+    EXPECT_EQ(st[1], pos + 1);
+  }
+}
+
 TEST(CudaOpsAvailability, MakeCudaOpsThrowsWithTheReasonWithoutAGpu) {
   const CudaDeviceInfo& info = cudaDeviceInfo();
   if (info.available) GTEST_SKIP() << "a GPU is available: " << info.summary();

@@ -112,6 +112,16 @@ class Ops {
                              const float* /*wpe*/, int /*C*/) {
     noStepGraphs();
   }
+  // Greedy decoding without host round trips: after a replayed step, next = the first index of
+  // the largest of logits[V] (std::max_element's choice: NaNs never win unless logits[0] is
+  // NaN, then it is 0); tokens[step[1]] = next, step[0] = next, step[1] += 1, so the next replay
+  // decodes it. Queued like a kernel (no host wait).
+  virtual void greedyAdvance(int32_t* /*step*/, int32_t* /*tokens*/, const float* /*logits*/,
+                             int /*V*/) {
+    noStepGraphs();
+  }
+  // host[0, n) = src[0, n) (device ids), after the work queued before it.
+  virtual void downloadIds(int32_t* /*host*/, const int32_t* /*src*/, int /*n*/) { noStepGraphs(); }
   // Writes the new position's fused row qkvNew[3C] into cache row step[1], then attends its
   // query over cache rows [0, step[1]]: out[C], att[NH][maxT] (probabilities of the row; the
   // entries past step[1] are not written).

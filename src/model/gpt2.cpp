@@ -460,59 +460,114 @@ void Gpt2::forwardCached(const int32_t* tokens, int n, float* logitsOut) {
   cachePos_ = Tk;
 }
 
+// The recorded step of `path`, recorded on first use (token: the step Auto's timing runs);
+// nullptr once recording has failed (then op by op from now on).
+Gpt2::StepRecording* Gpt2::stepRecording(const PathEntry* path, int32_t token) {
+  auto it = stepGraphs_.find(path);
+  if (it != stepGraphs_.end()) return &it->second;
+  // The fused step where it may run; if recording it fails, the op-by-op kernels (recorded);
+  // if that fails too, op by op from now on. Each fallback says so once.
+  // Auto: the form timed faster for this path, once; recordings are remade after every
+  // weight update, the choice is kept (it depends on the device and the path, not the values).
+  const auto chosen = fusedFaster_.find(path);
+  const bool timed = fusedSteps_ == FusedSteps::Auto && chosen != fusedFaster_.end();
+  const bool fused = fusedSteps_ != FusedSteps::Off && !fusedStepsBroken_ &&
+                     (!path || path->fusedDecode) && (!timed || chosen->second);
+  try {
+    StepRecording rec;
+    try {
+      rec = recordDecodeStep(path, fused);
+    } catch (const std::exception& ex) {
+      if (!fused) throw;
+      fusedStepsBroken_ = true;
+      std::fprintf(stderr, "[ops] fused decode step unavailable (%s): recording the op kernels\n",
+                   ex.what());
+      rec = recordDecodeStep(path, false);
+    }
+    if (rec.fusedBlocks > 0 && fusedSteps_ == FusedSteps::Auto && !timed) {
+      // Which form is faster depends on the device and the path's weight format (on an H200
+      // the fused launch wins 3x for f32 and ties with the op kernels for f16-storage).
+      bool fusedWins = true;
+      try {
+        StepRecording opKernels = recordDecodeStep(path, false);
+        if (stepMicros(opKernels, token) < stepMicros(rec, token)) {
+          rec = std::move(opKernels);
+          fusedWins = false;
+        }
+      } catch (const std::exception&) {
+        // the fused recording stands
+      }
+      fusedFaster_[path] = fusedWins;
+    }
+    return &(stepGraphs_[path] = std::move(rec));
+  } catch (const std::exception& ex) {
+    stepGraphsBroken_ = true;
+    std::fprintf(stderr, "[ops] decode step graph unavailable (%s): running op by op\n", ex.what());
+    return nullptr;
+  }
+}
+
 bool Gpt2::decodeWithStepGraph(int32_t token, float* logitsOut) {
   const PathEntry* path = fastPath(false);
-  auto it = stepGraphs_.find(path);
-  if (it == stepGraphs_.end()) {
-    // The fused step where it may run; if recording it fails, the op-by-op kernels (recorded);
-    // if that fails too, op by op from now on. Each fallback says so once.
-    // Auto: the form timed faster for this path, once; recordings are remade after every
-    // weight update, the choice is kept (it depends on the device and the path, not the values).
-    const auto chosen = fusedFaster_.find(path);
-    const bool timed = fusedSteps_ == FusedSteps::Auto && chosen != fusedFaster_.end();
-    const bool fused = fusedSteps_ != FusedSteps::Off && !fusedStepsBroken_ &&
-                       (!path || path->fusedDecode) && (!timed || chosen->second);
-    try {
-      StepRecording rec;
-      try {
-        rec = recordDecodeStep(path, fused);
-      } catch (const std::exception& ex) {
-        if (!fused) throw;
-        fusedStepsBroken_ = true;
-        std::fprintf(stderr, "[ops] fused decode step unavailable (%s): recording the op kernels\n",
-                     ex.what());
-        rec = recordDecodeStep(path, false);
-      }
-      if (rec.fusedBlocks > 0 && fusedSteps_ == FusedSteps::Auto && !timed) {
-        // Which form is faster depends on the device and the path's weight format (on an H200
-        // the fused launch wins 3x for f32 and ties with the op kernels for f16-storage).
-        bool fusedWins = true;
-        try {
-          StepRecording opKernels = recordDecodeStep(path, false);
-          if (stepMicros(opKernels, token) < stepMicros(rec, token)) {
-            rec = std::move(opKernels);
-            fusedWins = false;
-          }
-        } catch (const std::exception&) {
-          // the fused recording stands
-        }
-        fusedFaster_[path] = fusedWins;
-      }
-      stepGraphs_[path] = std::move(rec);
-    } catch (const std::exception& ex) {
-      stepGraphsBroken_ = true;
-      std::fprintf(stderr, "[ops] decode step graph unavailable (%s): running op by op\n",
-                   ex.what());
-      return false;
-    }
-    it = stepGraphs_.find(path);
-  }
+  StepRecording* rec = stepRecording(path, token);
+  if (!rec) return false;
   ops_.setDecodeStep(static_cast<int32_t*>(stepIds_->ptr), token, cachePos_);
-  it->second.graph->replay();
+  rec->graph->replay();
   ops_.download(logitsOut, inferActs_->logits);
   cachePos_ += 1;
   usedStepGraph_ = true;
-  usedFusedStep_ = it->second.fusedBlocks;
+  usedFusedStep_ = rec->fusedBlocks;
+  lastLinearPath_ = path ? path->name : "f32";
+  return true;
+}
+
+bool Gpt2::canDecodeGreedy() const {
+  return stepGraphsOn_ && !stepGraphsBroken_ && ops_.supportsStepGraphs();
+}
+
+bool Gpt2::decodeGreedy(int32_t first, int n, const std::function<void(int32_t)>& onToken,
+                        float* logitsOut) {
+  if (n < 1 || cachePos_ + n > cfg_.blockSize)
+    fail("cannot decode {} tokens after {} cached: the context holds {}", n, cachePos_,
+         cfg_.blockSize);
+  if (first < 0 || first >= cfg_.vocabSize)
+    fail("token id {} outside the vocabulary of {}", first, cfg_.vocabSize);
+  if (!canDecodeGreedy()) return false;
+  ensureCache();
+  usedStepGraph_ = false;
+  usedFusedStep_ = 0;
+  const PathEntry* path = fastPath(false);
+  StepRecording* rec = stepRecording(path, first);
+  if (!rec) return false;
+  if (!greedyIds_) greedyIds_ = ops_.allocBytes(size_t(cfg_.blockSize) * sizeof(int32_t));
+  int32_t* ids = static_cast<int32_t*>(greedyIds_->ptr);  // ids[p]: the pick after position p
+  int32_t* step = static_cast<int32_t*>(stepIds_->ptr);
+  const float* logits = inferActs_->logits.data();
+  const int p0 = cachePos_;
+  ops_.setDecodeStep(step, first, p0);
+  // Steps are queued a chunk ahead of the read-back: reading chunk c waits for chunk c + 1,
+  // queued before it, so the device idles only for one read-back and launch per chunk.
+  constexpr int kChunk = 32;
+  std::vector<int32_t> picked(static_cast<size_t>(n));
+  int queued = 0, read = 0;
+  auto readTo = [&](int end) {
+    ops_.downloadIds(picked.data() + read, ids + p0 + read, end - read);
+    for (; read < end; ++read)
+      if (onToken) onToken(picked[size_t(read)]);
+  };
+  while (queued < n) {
+    const int before = queued;
+    for (const int end = std::min(n, queued + kChunk); queued < end; ++queued) {
+      rec->graph->replay();
+      ops_.greedyAdvance(step, ids, logits, cfg_.vocabSize);
+    }
+    if (before > read) readTo(before);
+  }
+  readTo(n);
+  ops_.download(logitsOut, inferActs_->logits);
+  cachePos_ += n;
+  usedStepGraph_ = true;
+  usedFusedStep_ = rec->fusedBlocks;
   lastLinearPath_ = path ? path->name : "f32";
   return true;
 }

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -134,6 +135,15 @@ class Gpt2 {
   }
   // Blocks of the fused launch the last forwardCached replayed (0: none, op-by-op kernels).
   int usedFusedStep() const { return usedFusedStep_; }
+  // Greedy decoding on the device (a backend with step graphs, canDecodeGreedy()): feeds
+  // `first`, then each token the device picks itself (the first largest logit, as sampleToken
+  // at temperature 0), n steps in all, with no host round trip per token. The picks — pick k
+  // follows the k-th fed token — reach onToken in order as they are read back in chunks;
+  // logitsOut[V] gets the last step's logits. Needs cachedTokens() + n <= blockSize. Returns
+  // false, having done nothing, where the step cannot be recorded (then decode token by token).
+  bool canDecodeGreedy() const;
+  bool decodeGreedy(int32_t first, int n, const std::function<void(int32_t)>& onToken,
+                    float* logitsOut);
   // Microseconds one replay of the current path's recorded decode step takes at the current
   // position (back-to-back replays: device time plus launch gaps, no per-token host work);
   // 0 when no step has been recorded. For benchmarks: it replays the step in place.
@@ -151,6 +161,7 @@ class Gpt2 {
   void ensureCache();
   bool decodeWithStepGraph(int32_t token, float* logitsOut);
   struct StepRecording;
+  StepRecording* stepRecording(const PathEntry* path, int32_t token);
   StepRecording recordDecodeStep(const PathEntry* path, bool fused);
   double stepMicros(StepRecording& rec, int32_t token);
   void recordOpSteps(const PathEntry* path);
@@ -181,6 +192,7 @@ class Gpt2 {
   };
   std::map<const PathEntry*, StepRecording> stepGraphs_;
   std::shared_ptr<Buffer> stepIds_;
+  std::shared_ptr<Buffer> greedyIds_;  // decodeGreedy's picks, by position [blockSize]
   Tensor stepQkv_;
   bool stepGraphsOn_ = true, stepGraphsBroken_ = false, usedStepGraph_ = false;
   FusedSteps fusedSteps_ = FusedSteps::Auto;

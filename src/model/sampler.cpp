@@ -122,7 +122,34 @@ std::vector<int32_t> Generator::generate(const std::vector<int32_t>& prompt,
     const int32_t next = sampleToken(logits_.data(), V, opt, rng);
     out.push_back(next);
     if (onToken) onToken(next);
-    if (i + 1 < opt.tokens) feed({next});
+    if (i + 1 >= opt.tokens) break;
+    // Greedy: a run of steps on the device, each picking the next token itself, up to the token
+    // before the next sentinel check, the context's end (the slide stays on the host) or the
+    // last token (which the host picks from the run's last logits, as always).
+    const int toSentinel = opt.sentinelEvery > 0 && !sentinel_.demoted
+                               ? (i / opt.sentinelEvery + 1) * opt.sentinelEvery - i
+                               : opt.tokens;
+    const int run = std::min({opt.tokens - 1 - i, T - int(context_.size()), toSentinel});
+    if (opt.temperature <= 0.0f && opt.deviceGreedy && run >= 2 && model_.canDecodeGreedy()) {
+      context_.push_back(next);
+      int emitted = 0;
+      const bool done = model_.decodeGreedy(
+          next, run,
+          [&](int32_t t) {
+            context_.push_back(t);
+            if (++emitted == run) return;  // the last pick: the host re-picks it from the logits
+            out.push_back(t);
+            if (onToken) onToken(t);
+          },
+          logits_.data());
+      if (done) {
+        context_.pop_back();  // the last pick is not fed yet
+        i += run - 1;
+        continue;
+      }
+      context_.pop_back();  // nothing ran: `next` goes the host's way
+    }
+    feed({next});
   }
   return out;
 }

@@ -25,6 +25,9 @@ struct SampleOptions {
   // gate's bound, 1% of mean |logit|); on drift the fast path is demoted for the rest of the
   // run. 0: off (--no-sentinel).
   int sentinelEvery = 256;
+  // Greedy runs decoded on the device where the backend can (Gpt2::decodeGreedy: the same
+  // tokens, no host round trip per token); false: token by token from the host.
+  bool deviceGreedy = true;
 };
 
 struct SentinelReport {

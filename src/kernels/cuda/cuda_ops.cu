@@ -85,21 +85,7 @@ class CudaOps final : public Ops {
         cudaMemcpyAsync(dst.data(), host, dst.bytes(), cudaMemcpyHostToDevice, cuda::stream()));
   }
   void download(float* host, const Tensor& src) override {
-    if (src.bytes() == 0) return;
-    if (src.bytes() <= kPinnedDownloadBytes) {
-      // Small reads (a decode step's logits) through page-locked staging: a true async copy,
-      // without the pageable path's extra staging on every token.
-      std::lock_guard<std::mutex> lock(pinnedDownMutex_);
-      if (!pinnedDown_) PTLLM_CUDA_CHECK(cudaMallocHost(&pinnedDown_, kPinnedDownloadBytes));
-      PTLLM_CUDA_CHECK(cudaMemcpyAsync(pinnedDown_, src.data(), src.bytes(), cudaMemcpyDeviceToHost,
-                                       cuda::stream()));
-      PTLLM_CUDA_CHECK(cudaStreamSynchronize(cuda::stream()));
-      std::memcpy(host, pinnedDown_, src.bytes());
-      return;
-    }
-    PTLLM_CUDA_CHECK(
-        cudaMemcpyAsync(host, src.data(), src.bytes(), cudaMemcpyDeviceToHost, cuda::stream()));
-    PTLLM_CUDA_CHECK(cudaStreamSynchronize(cuda::stream()));
+    downloadBytes(host, src.data(), src.bytes());
   }
   void copy(float* dst, const float* src, int64_t n) override {
     if (n <= 0 || dst == src) return;
@@ -210,6 +196,12 @@ class CudaOps final : public Ops {
                                      cuda::stream()));
     PTLLM_CUDA_CHECK(cudaEventRecord(stepCopied_, cuda::stream()));
   }
+  void greedyAdvance(int32_t* step, int32_t* tokens, const float* logits, int V) override {
+    cuda::launchGreedyAdvance(step, tokens, logits, V);
+  }
+  void downloadIds(int32_t* host, const int32_t* src, int n) override {
+    if (n > 0) downloadBytes(host, src, size_t(n) * sizeof(int32_t));
+  }
   void embeddingStep(float* out, const int32_t* step, const float* wte, const float* wpe,
                      int C) override {
     cuda::launchEmbeddingStep(out, step, wte, wpe, C);
@@ -228,6 +220,23 @@ class CudaOps final : public Ops {
   }
 
  private:
+  void downloadBytes(void* host, const void* src, size_t bytes) {
+    if (bytes == 0) return;
+    if (bytes <= kPinnedDownloadBytes) {
+      // Small reads (a decode step's logits, generated ids) through page-locked staging: a true
+      // async copy, without the pageable path's extra staging on every token.
+      std::lock_guard<std::mutex> lock(pinnedDownMutex_);
+      if (!pinnedDown_) PTLLM_CUDA_CHECK(cudaMallocHost(&pinnedDown_, kPinnedDownloadBytes));
+      PTLLM_CUDA_CHECK(
+          cudaMemcpyAsync(pinnedDown_, src, bytes, cudaMemcpyDeviceToHost, cuda::stream()));
+      PTLLM_CUDA_CHECK(cudaStreamSynchronize(cuda::stream()));
+      std::memcpy(host, pinnedDown_, bytes);
+      return;
+    }
+    PTLLM_CUDA_CHECK(cudaMemcpyAsync(host, src, bytes, cudaMemcpyDeviceToHost, cuda::stream()));
+    PTLLM_CUDA_CHECK(cudaStreamSynchronize(cuda::stream()));
+  }
+
   int sms_ = 0;
   cudaStream_t captureStream_ = nullptr;  // this object's step recordings
   cudaEvent_t captureReady_ = nullptr, stepCopied_ = nullptr;

@@ -109,7 +109,51 @@ __global__ void embeddingStepKernel(float* out, const int32_t* step, const float
   for (int c = threadIdx.x; c < C; c += blockDim.x) out[c] = wte[tok * C + c] + wpe[pos * C + c];
 }
 
+// One block: each thread keeps the first largest non-NaN logit of its strided share, then a
+// tree of (value, index) pairs where the larger value, or on a tie the lower index, wins — the
+// same token as a left-to-right std::max_element, which also never moves onto a NaN.
+constexpr int kArgmaxThreads = 256;
+__global__ void __launch_bounds__(kArgmaxThreads)
+    greedyAdvanceKernel(int32_t* step, int32_t* tokens, const float* logits, int V) {
+  float best = -INFINITY;
+  int arg = -1;  // -1: nothing seen (all NaN so far)
+  for (int v = threadIdx.x; v < V; v += kArgmaxThreads) {
+    const float x = logits[v];
+    if (!isnan(x) && (arg < 0 || x > best)) best = x, arg = v;
+  }
+  __shared__ float sb[kArgmaxThreads];
+  __shared__ int si[kArgmaxThreads];
+  sb[threadIdx.x] = best;
+  si[threadIdx.x] = arg;
+  __syncthreads();
+  for (int half = kArgmaxThreads / 2; half > 0; half >>= 1) {
+    if (threadIdx.x < half) {
+      const float ob = sb[threadIdx.x + half];
+      const int oi = si[threadIdx.x + half];
+      const int mi = si[threadIdx.x];
+      if (oi >= 0 && (mi < 0 || ob > sb[threadIdx.x] || (ob == sb[threadIdx.x] && oi < mi))) {
+        sb[threadIdx.x] = ob;
+        si[threadIdx.x] = oi;
+      }
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    // max_element starts at logits[0]: a NaN there is never replaced; all-NaN also gives 0.
+    const int next = isnan(logits[0]) || si[0] < 0 ? 0 : si[0];
+    const int pos = step[1];
+    tokens[pos] = next;
+    step[0] = next;
+    step[1] = pos + 1;
+  }
+}
+
 }  // namespace
+
+void launchGreedyAdvance(int32_t* step, int32_t* tokens, const float* logits, int V) {
+  greedyAdvanceKernel<<<1, kArgmaxThreads, 0, stream()>>>(step, tokens, logits, V);
+  PTLLM_CUDA_LAUNCH_CHECK();
+}
 
 void launchEmbeddingStep(float* out, const int32_t* step, const float* wte, const float* wpe,
                          int C) {

@@ -74,6 +74,7 @@ void launchEmbeddingForward(float* out, const int32_t* hostTokens, const float* 
                             const float* wpe, int B, int T, int C, int pos0,
                             DeviceScratch& idScratch);
 // Ops::embeddingStep: out[C] = wte[step[0]] + wpe[step[1]] (ids in device memory).
+void launchGreedyAdvance(int32_t* step, int32_t* tokens, const float* logits, int V);
 void launchEmbeddingStep(float* out, const int32_t* step, const float* wte, const float* wpe,
                          int C);
 void launchEmbeddingBackward(float* dwte, float* dwpe, const float* dout, const int32_t* hostTokens,
