@@ -28,6 +28,13 @@ void matmulF16(float* out, const float* in, const void* w16, const float* bias, 
 // unpack(packed)[k, n] of a packF16 buffer of w[K,N] (tests and debugging).
 float f16PackedAt(const void* packed, int K, int N, int k, int n);
 
+// layernorm.cpp — eps 1e-5, biased variance; saves mean/rstd (either may be null); the
+// backward accumulates into din, dw, db.
+void layernormForward(float* out, float* mean, float* rstd, const float* in, const float* w,
+                      const float* b, int M, int C);
+void layernormBackward(float* din, float* dw, float* db, const float* dout, const float* in,
+                       const float* w, const float* mean, const float* rstd, int M, int C);
+
 // gelu.cpp — tanh approximation; out/din may alias in/dout.
 void geluForward(float* out, const float* in, int64_t n);
 void geluBackward(float* din, const float* in, const float* dout, int64_t n);
