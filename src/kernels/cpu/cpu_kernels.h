@@ -13,6 +13,10 @@ void matmul(float* out, const float* in, const float* w, const float* bias, int 
 void matmulAbt(float* out, const float* a, const float* b, int M, int K, int N, bool accumulate);
 void matmulAtb(float* out, const float* a, const float* b, int M, int K, int N, bool accumulate);
 void biasBackward(float* dbias, const float* dout, int M, int N);
+// matmulAtb(out, a, b, M, K, N, accumulate) and biasBackward(dbias, b, K, N) in one pass over
+// b: the column sums are taken while b is packed (f32, per k block of the GEMM).
+void matmulAtbBias(float* out, float* dbias, const float* a, const float* b, int M, int K, int N,
+                   bool accumulate);
 
 // matmul_f16.cpp — the f16-storage path: w packed once to IEEE binary16, products and sums f32.
 // The packed layout is panel-major: [ceil(N/NB)][K][NB] binary16, NB = detail::kF16PanelCols

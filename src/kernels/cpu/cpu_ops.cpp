@@ -51,6 +51,10 @@ class CpuOps final : public Ops {
   void biasBackward(float* dbias, const float* dout, int M, int N) override {
     cpu::biasBackward(dbias, dout, M, N);
   }
+  void matmulAtbBias(float* out, float* dbias, const float* a, const float* b, int M, int K, int N,
+                     bool accumulate) override {
+    cpu::matmulAtbBias(out, dbias, a, b, M, K, N, accumulate);
+  }
 
   void add(float* out, const float* a, const float* b, int64_t n) override {
     pool().parallelFor(n, kElemGrain, [&](int64_t s, int64_t e) {

@@ -52,7 +52,8 @@ constexpr int kMR = 8, kNV = 2;  // 16 accumulators of 32 zmm registers
 #else
 constexpr int kMR = 6, kNV = 2;  // 12 accumulators of 16 ymm/xmm registers
 #endif
-constexpr int kKC = 256;  // k depth of a block: A panel MR*KC*4 = 8 KiB, B panel KC*NR*4 in L1
+constexpr int kKC = 256;   // k depth of a block: A panel MR*KC*4 = 8 KiB, B panel KC*NR*4 in L1
+constexpr int kNC = 1536;  // B block KC x NC <= 1.5 MiB, streamed from L2/L3 panel by panel
 constexpr int kMC = kMR * 16;
 constexpr int kGemvRows = 4;
 
@@ -91,10 +92,11 @@ HWY_NOINLINE void PackA(float* HWY_RESTRICT ap, const float* HWY_RESTRICT a, int
 
 // B(k,n) for k in [k0, k0+kc), n in [n0, n0+nc) -> NR-wide panels bp[panel][k][NR], zero
 // padded past nc. ldb: row stride of the source ([K,N]: N; transposed [N,K]: K); for kF16 the
-// source's K (its panels hold ldb * kF16PanelCols elements).
+// source's K (its panels hold ldb * kF16PanelCols elements). colsum (kRowMajor only, may be
+// null): colsum[0:nc) += sum over the kc rows of B, summed in f32 per block, then added.
 template <BSrc kSrc>
 HWY_NOINLINE void PackB(float* HWY_RESTRICT bp, const void* HWY_RESTRICT bsrc, int64_t ldb, int n0,
-                        int nc, int k0, int kc) {
+                        int nc, int k0, int kc, float* HWY_RESTRICT colsum) {
   const DF d;
   const int L = (int)hn::Lanes(d);
   const int NR = kNV * L;
@@ -102,21 +104,33 @@ HWY_NOINLINE void PackB(float* HWY_RESTRICT bp, const void* HWY_RESTRICT bsrc, i
     // Row k's run [n0, n0+nc) is read once, front to back, and dealt out to the panels. (Panel
     // by panel, each k row of B was a new page when N >= 1024, and GCC turned the per-row copy
     // into a memcpy call: ~13% of matmulAtb.)
+    // With colsum, the rows pass through registers anyway: the bias gradient of matmulAtbBias
+    // costs no extra pass over B.
     const int full = nc / NR * NR;
+    HWY_ALIGN float sums[kNC];
+    if (colsum) std::fill(sums, sums + nc, 0.0f);
     for (int k = 0; k < kc; ++k) {
       const float* src = static_cast<const float*>(bsrc) + (int64_t)(k0 + k) * ldb + n0;
       for (int p = 0; p < full; p += NR) {
         float* drow = bp + (int64_t)p * kc + (int64_t)k * NR;
 #pragma GCC unroll 4
-        for (int v = 0; v < kNV; ++v) hn::Store(hn::LoadU(d, src + p + v * L), d, drow + v * L);
+        for (int v = 0; v < kNV; ++v) {
+          const VF x = hn::LoadU(d, src + p + v * L);
+          hn::Store(x, d, drow + v * L);
+          if (colsum) hn::Store(hn::Add(hn::Load(d, sums + p + v * L), x), d, sums + p + v * L);
+        }
       }
       if (full < nc) {
         float* drow = bp + (int64_t)full * kc + (int64_t)k * NR;
         int j = 0;
         for (; j < nc - full; ++j) drow[j] = src[full + j];
         for (; j < NR; ++j) drow[j] = 0.0f;
+        if (colsum)
+          for (j = 0; j < nc - full; ++j) sums[full + j] += src[full + j];
       }
     }
+    if (colsum)
+      for (int j = 0; j < nc; ++j) colsum[j] += sums[j];
     return;
   }
   for (int p = 0; p < nc; p += NR) {
@@ -213,15 +227,16 @@ HWY_INLINE void MicroKernel(const float* HWY_RESTRICT ap, const float* HWY_RESTR
   }
 }
 
-// C[m0:m1, n0:n1] (=/+=) A @ B (+ bias), A(m,k) = a[m*am + k*ak], B as kSrc.
+// C[m0:m1, n0:n1] (=/+=) A @ B (+ bias), A(m,k) = a[m*am + k*ak], B as kSrc. colsum
+// (kRowMajor, may be null): colsum[n0:n1) += column sums of B, by the range that holds row 0
+// (every column is in exactly one such range).
 template <BSrc kSrc>
 void GemmRange(float* c, const float* a, int64_t am, int64_t ak, const void* b, int64_t ldb,
                const float* bias, int M, int K, int N, bool accumulate, int m0, int m1, int n0,
-               int n1) {
+               int n1, float* colsum) {
   (void)M;
   const DF d;
   const int NR = kNV * (int)hn::Lanes(d);
-  constexpr int kNC = 1536;  // B block KC x NC <= 1.5 MiB, streamed from L2/L3 panel by panel
   const int kcMax = std::min(K, kKC);
   const int ncMax = std::min(n1 - n0, kNC);
   float* bp = detail::tlsB.get((size_t)kcMax * ((ncMax + NR - 1) / NR * NR));
@@ -232,7 +247,7 @@ void GemmRange(float* c, const float* a, int64_t am, int64_t ak, const void* b, 
       const int kc = std::min(kKC, K - k0);
       const bool add = accumulate || k0 > 0;
       const float* bb = (k0 == 0 && bias) ? bias : nullptr;
-      PackB<kSrc>(bp, b, ldb, nc0, nc, k0, kc);
+      PackB<kSrc>(bp, b, ldb, nc0, nc, k0, kc, colsum && m0 == 0 ? colsum + nc0 : nullptr);
       for (int mc0 = m0; mc0 < m1; mc0 += kMC) {
         const int mc = std::min(kMC, m1 - mc0);
         PackA(ap, a, am, ak, mc0, mc, k0, kc);
@@ -256,7 +271,7 @@ void GemmRange(float* c, const float* a, int64_t am, int64_t ak, const void* b, 
 
 template <BSrc kSrc>
 void Gemm(float* c, const float* a, int64_t am, int64_t ak, const void* b, int64_t ldb,
-          const float* bias, int M, int K, int N, bool accumulate) {
+          const float* bias, int M, int K, int N, bool accumulate, float* colsum = nullptr) {
   if (M <= 0 || N <= 0) return;
   if (K <= 0) {  // empty sum: C = bias (or 0), or unchanged when accumulating
     if (!accumulate)
@@ -275,13 +290,13 @@ void Gemm(float* c, const float* a, int64_t am, int64_t ak, const void* b, int64
   const int64_t units = (T == 1 || flops < 2e6) ? 1 : (splitN ? nPanels : mPanels);
   pool().parallelFor(units, 1, [&](int64_t u0, int64_t u1) {
     if (units == 1)
-      GemmRange<kSrc>(c, a, am, ak, b, ldb, bias, M, K, N, accumulate, 0, M, 0, N);
+      GemmRange<kSrc>(c, a, am, ak, b, ldb, bias, M, K, N, accumulate, 0, M, 0, N, colsum);
     else if (splitN)
       GemmRange<kSrc>(c, a, am, ak, b, ldb, bias, M, K, N, accumulate, 0, M, (int)u0 * NR,
-                      (int)std::min<int64_t>(u1 * NR, N));
+                      (int)std::min<int64_t>(u1 * NR, N), colsum);
     else
       GemmRange<kSrc>(c, a, am, ak, b, ldb, bias, M, K, N, accumulate, (int)u0 * kMR,
-                      (int)std::min<int64_t>(u1 * kMR, M), 0, N);
+                      (int)std::min<int64_t>(u1 * kMR, M), 0, N, colsum);
   });
 }
 
@@ -412,6 +427,12 @@ void MatmulAtbT(float* out, const float* a, const float* b, int M, int K, int N,
   Gemm<BSrc::kRowMajor>(out, a, 1, M, b, N, nullptr, M, K, N, accumulate);
 }
 
+// matmulAtb and dbias[N] += column sums of b[K,N] (summed while B is packed). M, N, K >= 1.
+void MatmulAtbBiasT(float* out, float* dbias, const float* a, const float* b, int M, int K, int N,
+                    bool accumulate) {
+  Gemm<BSrc::kRowMajor>(out, a, 1, M, b, N, nullptr, M, K, N, accumulate, dbias);
+}
+
 void MatmulF16GemmT(float* out, const float* in, const uint16_t* w16, const float* bias, int M,
                     int K, int N) {
   Gemm<BSrc::kF16>(out, in, K, 1, w16, K, bias, M, K, N, false);
@@ -458,6 +479,7 @@ namespace ptllm::cpu {
 HWY_EXPORT(MatmulT);
 HWY_EXPORT(MatmulAbtT);
 HWY_EXPORT(MatmulAtbT);
+HWY_EXPORT(MatmulAtbBiasT);
 HWY_EXPORT(MatmulF16GemmT);
 HWY_EXPORT(BiasBackwardT);
 
@@ -469,6 +491,14 @@ void matmulAbt(float* out, const float* a, const float* b, int M, int K, int N, 
 }
 void matmulAtb(float* out, const float* a, const float* b, int M, int K, int N, bool accumulate) {
   HWY_DYNAMIC_DISPATCH(MatmulAtbT)(out, a, b, M, K, N, accumulate);
+}
+void matmulAtbBias(float* out, float* dbias, const float* a, const float* b, int M, int K, int N,
+                   bool accumulate) {
+  if (M <= 0 || K <= 0 || N <= 0) {  // nothing to pack B for: the two ops one after the other
+    matmulAtb(out, a, b, M, K, N, accumulate);
+    return biasBackward(dbias, b, K, N);
+  }
+  HWY_DYNAMIC_DISPATCH(MatmulAtbBiasT)(out, dbias, a, b, M, K, N, accumulate);
 }
 void biasBackward(float* dbias, const float* dout, int M, int N) {
   if (M <= 0 || N <= 0) return;
