@@ -10,6 +10,8 @@
 // channels rounded up to NR, zero padded), probabilities and dS as [T][Tp] with zeros past
 // the causal edge, so tiles may run over whole vectors and the zero tails add nothing.
 // Tasks write disjoint slices of out/att/dqkv.
+#include <hwy/cache_control.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -58,6 +60,15 @@ inline int RoundUp(int x, int m) {
 // transposes were ~70% of ForwardTask's own time); 17 lines apart they do not.
 inline int PaddedLd(int Tp, int L) {
   return Tp + L;
+}
+
+// The copies into scratch are the first touch of a head's q/k/v (and dy) rows, 3C floats apart:
+// fetched one row at a time they waited on memory. Prefetch the row kAhead positions on: the
+// head's slices [0, hs) of `parts` consecutive C-wide parts from row.
+constexpr int kAhead = 8;
+inline void PrefetchHead(const float* row, int C, int hs, int parts) {
+  for (int p = 0; p < parts; ++p)
+    for (int c = 0; c < hs; c += 16) hwy::Prefetch(row + (int64_t)p * C + c);
 }
 
 // dst[0:hs) = src[0:hs), dst[hs:hsp) = 0 (a head's row, zero padded to whole vectors).
@@ -146,6 +157,7 @@ void ForwardTask(float* out, float* att, const float* qkv, int b, int h, int i0,
   const int64_t ld = 3 * (int64_t)C;
   const float* base = qkv + (int64_t)b * Tk * ld + h * hs;
   for (int j = 0; j < jmax; ++j) {
+    if (j + kAhead < jmax) PrefetchHead(base + (j + kAhead) * ld, C, hs, 3);
     const float* k = base + j * ld + C;
     for (int c = 0; c < hs; ++c) kt[(int64_t)c * ldk + j] = k[c];
     CopyPadded(vr + (int64_t)j * hsp, base + j * ld + 2 * C, hs, hsp);
@@ -246,6 +258,10 @@ void BackwardTask(float* dqkv, const float* dout, const float* qkv, const float*
   const float* base = qkv + (int64_t)b * T * ld + h * hs;
   const float* a0 = att + ((int64_t)b * NH + h) * T * T;
   for (int j = 0; j < T; ++j) {
+    if (j + kAhead < T) {
+      PrefetchHead(base + (j + kAhead) * ld, C, hs, 3);
+      PrefetchHead(dout + ((int64_t)b * T + j + kAhead) * C + h * hs, 0, hs, 1);
+    }
     const float* rq = base + j * ld;
     const float* rv = rq + 2 * C;
     for (int c = 0; c < hs; ++c) vt[(int64_t)c * ldv + j] = rv[c];
