@@ -277,6 +277,10 @@ void BackwardTask(float* dqkv, const float* dout, const float* qkv, const float*
   for (int ib = 0; ib < T; ib += kR) {
     const int rows = std::min(kR, T - ib);
     const int nmax = ib + rows;
+    // The saved probabilities come from memory (written by the forward long ago): fetch the
+    // next block's rows while this block computes.
+    for (int i = ib + kR; i < std::min(T, ib + 2 * kR); ++i)
+      for (int c = 0; c <= i; c += 16) hwy::Prefetch(a0 + (int64_t)i * T + c);
     // dP[ib+r][j] = dy_{ib+r} . v_j into ds
     TileRow(rows, dy + (int64_t)ib * hsp, hsp, 1, vt, ldv, hs, ds + (int64_t)ib * ldv, ldv,
             RoundUp(nmax, NR));
