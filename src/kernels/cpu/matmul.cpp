@@ -35,6 +35,7 @@ namespace ptllm::cpu::detail {
 enum class BSrc { kRowMajor, kTransposed, kF16 };
 
 inline thread_local Scratch tlsA, tlsB;  // per-thread packed panels of A and B
+inline thread_local Scratch tlsC;        // matmulAtb's per-thread partial products
 
 }  // namespace ptllm::cpu::detail
 #endif
@@ -423,13 +424,51 @@ void MatmulAbtT(float* out, const float* a, const float* b, int M, int K, int N,
   }
 }
 
+// matmulAtb's weight gradients have K (tokens) far above M and N: split K over the pool, each
+// thread its own C. (Split by rows or columns of C, every thread packed all of A = in^T or all
+// of B = dOut, MiBs, for a C of a few hundred KiB.) Thread t > 0 leaves its partial C (and
+// column sums) in scratch; they are added into out (and dbias) in thread order afterwards.
+bool AtbSplitsK(int M, int K, int N) {
+  const int T = threadCount();
+  return T > 1 && K >= 2 * T * kKC && K >= 4 * std::max(M, N);
+}
+
+void AtbSplitK(float* out, float* dbias, const float* a, const float* b, int M, int K, int N,
+               bool accumulate) {
+  const int T = threadCount();
+  const int64_t mn = (int64_t)M * N;
+  float* part = detail::tlsC.get((size_t)(T - 1) * (size_t)(mn + N));  // [T-1][M*N] C
+  float* sums = part + (T - 1) * mn;                                   // [T-1][N] column sums
+  if (dbias) std::fill(sums, sums + (int64_t)(T - 1) * N, 0.0f);
+  const int blocks = (K + kKC - 1) / kKC;  // >= 2T: no thread's range is empty
+  pool().run(T, [&](int t) {
+    const int kb = (int)((int64_t)blocks * t / T) * kKC;
+    const int ke = std::min(K, (int)((int64_t)blocks * (t + 1) / T) * kKC);
+    float* c = t == 0 ? out : part + (t - 1) * mn;
+    float* cs = !dbias ? nullptr : t == 0 ? dbias : sums + (int64_t)(t - 1) * N;
+    GemmRange<BSrc::kRowMajor>(c, a + (int64_t)kb * M, 1, M, b + (int64_t)kb * N, N, nullptr, M,
+                               ke - kb, N, t == 0 && accumulate, 0, M, 0, N, cs);
+  });
+  pool().parallelFor(mn, 1 << 14, [&](int64_t i0, int64_t i1) {
+    for (int t = 1; t < T; ++t) {
+      const float* p = part + (t - 1) * mn;
+      for (int64_t i = i0; i < i1; ++i) out[i] += p[i];
+    }
+  });
+  if (dbias)
+    for (int t = 1; t < T; ++t)
+      for (int n = 0; n < N; ++n) dbias[n] += sums[(int64_t)(t - 1) * N + n];
+}
+
 void MatmulAtbT(float* out, const float* a, const float* b, int M, int K, int N, bool accumulate) {
+  if (AtbSplitsK(M, K, N)) return AtbSplitK(out, nullptr, a, b, M, K, N, accumulate);
   Gemm<BSrc::kRowMajor>(out, a, 1, M, b, N, nullptr, M, K, N, accumulate);
 }
 
 // matmulAtb and dbias[N] += column sums of b[K,N] (summed while B is packed). M, N, K >= 1.
 void MatmulAtbBiasT(float* out, float* dbias, const float* a, const float* b, int M, int K, int N,
                     bool accumulate) {
+  if (AtbSplitsK(M, K, N)) return AtbSplitK(out, dbias, a, b, M, K, N, accumulate);
   Gemm<BSrc::kRowMajor>(out, a, 1, M, b, N, nullptr, M, K, N, accumulate, dbias);
 }
 
