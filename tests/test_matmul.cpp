@@ -184,6 +184,47 @@ TEST(CpuMatmul, BiasBackward) {
   setThreads(0);
 }
 
+// The fused dW / db of a linear layer: out (+=) a^T @ b and dbias += column sums of b, against
+// the reference's two ops, for both accumulate modes (out poisoned when overwritten).
+TEST(CpuMatmul, AtbBias) {
+  uint64_t seed = 515;
+  for (const Shape3& s : kShapes) {
+    const size_t nOut = size_t(s.M) * s.N;
+    const auto a = test::randomVector(size_t(s.K) * s.M, seed++);  // [K,M]
+    const auto b = test::randomVector(size_t(s.K) * s.N, seed++);  // [K,N]
+    const auto init = test::randomVector(nOut, seed++);
+    const auto dbInit = test::randomVector(s.N, seed++);
+    for (bool accumulate : {false, true}) {
+      std::vector<float> want = accumulate ? init : test::poisoned(nOut), wantDb = dbInit;
+      ref::matmulAtb(want.data(), a.data(), b.data(), s.M, s.K, s.N, accumulate);
+      ref::biasBackward(wantDb.data(), b.data(), s.K, s.N);
+      const double tol = tolerance(s.K, accumulate ? 1.0 : 0.0), tolDb = tolerance(s.K, 1.0);
+      test::forEachSimdTarget([&] {
+        for (int threads : {1, 2}) {
+          setThreads(threads);
+          SCOPED_TRACE(::testing::Message()
+                       << "M=" << s.M << " K=" << s.K << " N=" << s.N
+                       << " accumulate=" << accumulate << " threads=" << threads);
+          std::vector<float> got = accumulate ? init : test::poisoned(nOut), gotDb = dbInit;
+          got.resize(nOut + kGuard, kGuardValue);
+          gotDb.resize(s.N + kGuard, kGuardValue);
+          cpu::matmulAtbBias(got.data(), gotDb.data(), a.data(), b.data(), s.M, s.K, s.N,
+                             accumulate);
+          EXPECT_TRUE(test::allFinite(got.data(), nOut));
+          EXPECT_LE(test::worstRatio(got.data(), want.data(), nOut, tol, 0.0), 1.0)
+              << "max abs diff " << test::maxAbsDiff(got.data(), want.data(), nOut);
+          EXPECT_TRUE(test::allFinite(gotDb.data(), s.N));
+          EXPECT_LE(test::worstRatio(gotDb.data(), wantDb.data(), s.N, tolDb, 0.0), 1.0)
+              << "db max abs diff " << test::maxAbsDiff(gotDb.data(), wantDb.data(), s.N);
+          for (size_t i = nOut; i < nOut + kGuard; ++i) ASSERT_EQ(got[i], kGuardValue);
+          for (size_t i = s.N; i < s.N + kGuard; ++i) ASSERT_EQ(gotDb[i], kGuardValue);
+        }
+      });
+    }
+  }
+  setThreads(0);
+}
+
 TEST(CpuMatmul, SimdTargetName) {
   const char* name = cpu::simdTargetName();
   ASSERT_NE(name, nullptr);

@@ -49,6 +49,13 @@ class Ops {
                          bool accumulate) = 0;
   // dbias[N] += sum over m of dout[m,N]
   virtual void biasBackward(float* dbias, const float* dout, int M, int N) = 0;
+  // matmulAtb(out, a, b, M, K, N, accumulate), then biasBackward(dbias, b, K, N): a linear
+  // layer's dW and db from one read of dOut = b[K,N]. Backends may fuse the two (CPU does).
+  virtual void matmulAtbBias(float* out, float* dbias, const float* a, const float* b, int M, int K,
+                             int N, bool accumulate) {
+    matmulAtb(out, a, b, M, K, N, accumulate);
+    biasBackward(dbias, b, K, N);
+  }
 
   // ---- elementwise / normalisation ----
   // out[n] = a[n] + b[n]   (out may alias a or b)

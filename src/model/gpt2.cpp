@@ -189,8 +189,7 @@ void Gpt2::linear(Linear& l, float* out, const float* in, int M, const PathEntry
 
 // dIn[M,K] = dOut[M,N] @ w^T ; dw[K,N] += in^T @ dOut ; db[N] += sum dOut. Always f32.
 void Gpt2::linearBackward(Linear& l, float* dIn, const float* dOut, const float* in, int M) {
-  ops_.matmulAtb(grad(*l.w), in, dOut, l.K, M, l.N, true);
-  ops_.biasBackward(grad(*l.b), dOut, M, l.N);
+  ops_.matmulAtbBias(grad(*l.w), grad(*l.b), in, dOut, l.K, M, l.N, true);
   ops_.matmulAbt(dIn, dOut, param(*l.w), M, l.N, l.K, false);
 }
 

@@ -10,6 +10,8 @@
 // channels rounded up to NR, zero padded), probabilities and dS as [T][Tp] with zeros past
 // the causal edge, so tiles may run over whole vectors and the zero tails add nothing.
 // Tasks write disjoint slices of out/att/dqkv.
+#include <hwy/cache_control.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -50,6 +52,29 @@ constexpr int kR = 6, kNV = 2;  // 12 accumulators of 16 ymm/xmm registers
 
 inline int RoundUp(int x, int m) {
   return (x + m - 1) / m * m;
+}
+
+// Row stride of the [.][Tp] operands walked down a column (K^T / V^T written by a transpose,
+// P / dS read by columns for dK / dV): one vector more than Tp. At Tp = 256 their rows were
+// 1 KiB apart, so a column fell into 4 of the 64 L1 sets and its lines evicted each other (the
+// transposes were ~70% of ForwardTask's own time); 17 lines apart they do not.
+inline int PaddedLd(int Tp, int L) {
+  return Tp + L;
+}
+
+// The copies into scratch are the first touch of a head's q/k/v (and dy) rows, 3C floats apart:
+// fetched one row at a time they waited on memory. Prefetch the row kAhead positions on: the
+// head's slices [0, hs) of `parts` consecutive C-wide parts from row.
+constexpr int kAhead = 8;
+inline void PrefetchHead(const float* row, int C, int hs, int parts) {
+  for (int p = 0; p < parts; ++p)
+    for (int c = 0; c < hs; c += 16) hwy::Prefetch(row + (int64_t)p * C + c);
+}
+
+// dst[0:hs) = src[0:hs), dst[hs:hsp) = 0 (a head's row, zero padded to whole vectors).
+inline void CopyPadded(float* HWY_RESTRICT dst, const float* HWY_RESTRICT src, int hs, int hsp) {
+  std::memcpy(dst, src, sizeof(float) * hs);
+  std::fill(dst + hs, dst + hsp, 0.0f);
 }
 
 // C[r*ldc + 0:cols) = sum_{k<kn} A[r*ar + k*ak] * B[k*ldb + 0:NR) for r < R, NR = kNV*L.
@@ -124,21 +149,21 @@ void ForwardTask(float* out, float* att, const float* qkv, int b, int h, int i0,
   const int q0 = Tk - Tq;
   const int jmax = q0 + i1;  // keys the task needs: [0, jmax)
   const int Tp = RoundUp(jmax, NR);
+  const int ldk = PaddedLd(Tp, L);
   const float scale = 1.0f / std::sqrt((float)hs);
-  float* kt = detail::tlsAtt.get((size_t)hs * Tp + (size_t)jmax * hsp + (size_t)kR * Tp);
-  float* vr = kt + (size_t)hs * Tp;    // [jmax][hsp]
+  float* kt = detail::tlsAtt.get((size_t)hs * ldk + (size_t)jmax * hsp + (size_t)kR * Tp);
+  float* vr = kt + (size_t)hs * ldk;   // [jmax][hsp]
   float* s = vr + (size_t)jmax * hsp;  // [kR][Tp] scores, then probabilities
   const int64_t ld = 3 * (int64_t)C;
   const float* base = qkv + (int64_t)b * Tk * ld + h * hs;
   for (int j = 0; j < jmax; ++j) {
+    if (j + kAhead < jmax) PrefetchHead(base + (j + kAhead) * ld, C, hs, 3);
     const float* k = base + j * ld + C;
-    const float* v = base + j * ld + 2 * C;
-    for (int c = 0; c < hs; ++c) kt[(int64_t)c * Tp + j] = k[c];
-    std::memcpy(vr + (int64_t)j * hsp, v, sizeof(float) * hs);
-    std::fill(vr + (int64_t)j * hsp + hs, vr + (int64_t)(j + 1) * hsp, 0.0f);
+    for (int c = 0; c < hs; ++c) kt[(int64_t)c * ldk + j] = k[c];
+    CopyPadded(vr + (int64_t)j * hsp, base + j * ld + 2 * C, hs, hsp);
   }
   for (int c = 0; c < hs; ++c)
-    std::fill(kt + (int64_t)c * Tp + jmax, kt + (int64_t)(c + 1) * Tp, 0.0f);
+    std::fill(kt + (int64_t)c * ldk + jmax, kt + (int64_t)c * ldk + Tp, 0.0f);
 
   const VF vs = hn::Set(d, scale);
   for (int ib = i0; ib < i1; ib += kR) {
@@ -146,7 +171,7 @@ void ForwardTask(float* out, float* att, const float* qkv, int b, int h, int i0,
     const int nmax = q0 + ib + rows;  // keys of the block's last row
     const int ncols = RoundUp(nmax, NR);
     // s[r][j] = q_{ib+r} . k_j
-    TileRow(rows, base + (int64_t)(q0 + ib) * ld, ld, 1, kt, Tp, hs, s, Tp, ncols);
+    TileRow(rows, base + (int64_t)(q0 + ib) * ld, ld, 1, kt, ldk, hs, s, Tp, ncols);
     for (int r = 0; r < rows; ++r) {
       float* sr = s + (int64_t)r * Tp;
       const int i = ib + r, n = q0 + i + 1;
@@ -220,43 +245,49 @@ void BackwardTask(float* dqkv, const float* dout, const float* qkv, const float*
   const int NR = kNV * L;
   const int hs = C / NH, hsp = RoundUp(hs, NR);
   const int Tp = RoundUp(T, NR);
+  const int ldv = PaddedLd(Tp, L);  // vt, p and ds rows
   const float scale = 1.0f / std::sqrt((float)hs);
-  const size_t rowsz = (size_t)T * hsp, sqsz = (size_t)T * Tp;
-  float* vt = detail::tlsAtt.get((size_t)hs * Tp + 3 * rowsz + 2 * sqsz);
-  float* q = vt + (size_t)hs * Tp;  // [T][hsp] each
+  const size_t rowsz = (size_t)T * hsp, sqsz = (size_t)T * ldv;
+  float* vt = detail::tlsAtt.get((size_t)hs * ldv + 3 * rowsz + 2 * sqsz);
+  float* q = vt + (size_t)hs * ldv;  // [T][hsp] each
   float* k = q + rowsz;
   float* dy = k + rowsz;
-  float* p = dy + rowsz;  // [T][Tp] probabilities, zero past the causal edge
-  float* ds = p + sqsz;   // [T][Tp] dP, then dS (zero past the causal edge)
+  float* p = dy + rowsz;  // [T][ldv] probabilities, zero past the causal edge
+  float* ds = p + sqsz;   // [T][ldv] dP, then dS (zero past the causal edge)
   const int64_t ld = 3 * (int64_t)C;
   const float* base = qkv + (int64_t)b * T * ld + h * hs;
   const float* a0 = att + ((int64_t)b * NH + h) * T * T;
   for (int j = 0; j < T; ++j) {
+    if (j + kAhead < T) {
+      PrefetchHead(base + (j + kAhead) * ld, C, hs, 3);
+      PrefetchHead(dout + ((int64_t)b * T + j + kAhead) * C + h * hs, 0, hs, 1);
+    }
     const float* rq = base + j * ld;
     const float* rv = rq + 2 * C;
-    const float* rdy = dout + ((int64_t)b * T + j) * C + h * hs;
-    for (int c = 0; c < hs; ++c) vt[(int64_t)c * Tp + j] = rv[c];
-    for (int c = 0; c < hsp; ++c) {
-      q[(int64_t)j * hsp + c] = c < hs ? rq[c] : 0.0f;
-      k[(int64_t)j * hsp + c] = c < hs ? rq[C + c] : 0.0f;
-      dy[(int64_t)j * hsp + c] = c < hs ? rdy[c] : 0.0f;
-    }
+    for (int c = 0; c < hs; ++c) vt[(int64_t)c * ldv + j] = rv[c];
+    CopyPadded(q + (int64_t)j * hsp, rq, hs, hsp);
+    CopyPadded(k + (int64_t)j * hsp, rq + C, hs, hsp);
+    CopyPadded(dy + (int64_t)j * hsp, dout + ((int64_t)b * T + j) * C + h * hs, hs, hsp);
   }
   for (int c = 0; c < hs; ++c)
-    std::fill(vt + (int64_t)c * Tp + T, vt + (int64_t)(c + 1) * Tp, 0.0f);
+    std::fill(vt + (int64_t)c * ldv + T, vt + (int64_t)c * ldv + Tp, 0.0f);
 
   const VF vscale = hn::Set(d, scale);
   const int nvT = Tp / L;
   for (int ib = 0; ib < T; ib += kR) {
     const int rows = std::min(kR, T - ib);
     const int nmax = ib + rows;
+    // The saved probabilities come from memory (written by the forward long ago): fetch the
+    // next block's rows while this block computes.
+    for (int i = ib + kR; i < std::min(T, ib + 2 * kR); ++i)
+      for (int c = 0; c <= i; c += 16) hwy::Prefetch(a0 + (int64_t)i * T + c);
     // dP[ib+r][j] = dy_{ib+r} . v_j into ds
-    TileRow(rows, dy + (int64_t)ib * hsp, hsp, 1, vt, Tp, hs, ds + (int64_t)ib * Tp, Tp,
+    TileRow(rows, dy + (int64_t)ib * hsp, hsp, 1, vt, ldv, hs, ds + (int64_t)ib * ldv, ldv,
             RoundUp(nmax, NR));
     for (int r = 0; r < rows; ++r) {
       const int i = ib + r, n = i + 1;
-      float* pr = p + (int64_t)i * Tp;
-      float* dr = ds + (int64_t)i * Tp;
+      float* pr = p + (int64_t)i * ldv;
+      float* dr = ds + (int64_t)i * ldv;
       std::memcpy(pr, a0 + (int64_t)i * T, sizeof(float) * n);
       std::fill(pr + n, pr + Tp, 0.0f);
       const int nvec = (n + L - 1) / L;  // p is zero past n, so whole vectors are exact
@@ -272,7 +303,7 @@ void BackwardTask(float* dqkv, const float* dout, const float* qkv, const float*
       for (int v = nvec; v < nvT; ++v) hn::Store(hn::Zero(d), d, dr + v * L);
     }
     // dq_i = sum_j dS_ij k_j
-    TileRow(rows, ds + (int64_t)ib * Tp, Tp, 1, k, hsp, nmax,
+    TileRow(rows, ds + (int64_t)ib * ldv, ldv, 1, k, hsp, nmax,
             dqkv + ((int64_t)b * T + ib) * ld + h * hs, ld, hs);
   }
   for (int jb = 0; jb < T; jb += kR) {
@@ -280,9 +311,9 @@ void BackwardTask(float* dqkv, const float* dout, const float* qkv, const float*
     const int kn = T - jb;  // queries i >= jb (dS and P are zero where i < j)
     float* dst = dqkv + ((int64_t)b * T + jb) * ld + h * hs;
     // dk_j = sum_i dS_ij q_i ; dv_j = sum_i P_ij dy_i
-    TileRow(rows, ds + (int64_t)jb * Tp + jb, 1, Tp, q + (int64_t)jb * hsp, hsp, kn, dst + C, ld,
+    TileRow(rows, ds + (int64_t)jb * ldv + jb, 1, ldv, q + (int64_t)jb * hsp, hsp, kn, dst + C, ld,
             hs);
-    TileRow(rows, p + (int64_t)jb * Tp + jb, 1, Tp, dy + (int64_t)jb * hsp, hsp, kn, dst + 2 * C,
+    TileRow(rows, p + (int64_t)jb * ldv + jb, 1, ldv, dy + (int64_t)jb * hsp, hsp, kn, dst + 2 * C,
             ld, hs);
   }
 }

@@ -13,6 +13,10 @@ void matmul(float* out, const float* in, const float* w, const float* bias, int 
 void matmulAbt(float* out, const float* a, const float* b, int M, int K, int N, bool accumulate);
 void matmulAtb(float* out, const float* a, const float* b, int M, int K, int N, bool accumulate);
 void biasBackward(float* dbias, const float* dout, int M, int N);
+// matmulAtb(out, a, b, M, K, N, accumulate) and biasBackward(dbias, b, K, N) in one pass over
+// b: the column sums are taken while b is packed (f32, per k block of the GEMM).
+void matmulAtbBias(float* out, float* dbias, const float* a, const float* b, int M, int K, int N,
+                   bool accumulate);
 
 // matmul_f16.cpp — the f16-storage path: w packed once to IEEE binary16, products and sums f32.
 // The packed layout is panel-major: [ceil(N/NB)][K][NB] binary16, NB = detail::kF16PanelCols
@@ -27,6 +31,13 @@ void matmulF16(float* out, const float* in, const void* w16, const float* bias, 
                int N);
 // unpack(packed)[k, n] of a packF16 buffer of w[K,N] (tests and debugging).
 float f16PackedAt(const void* packed, int K, int N, int k, int n);
+
+// layernorm.cpp — eps 1e-5, biased variance; saves mean/rstd (either may be null); the
+// backward accumulates into din, dw, db.
+void layernormForward(float* out, float* mean, float* rstd, const float* in, const float* w,
+                      const float* b, int M, int C);
+void layernormBackward(float* din, float* dw, float* db, const float* dout, const float* in,
+                       const float* w, const float* mean, const float* rstd, int M, int C);
 
 // gelu.cpp — tanh approximation; out/din may alias in/dout.
 void geluForward(float* out, const float* in, int64_t n);

@@ -1,5 +1,6 @@
-// CpuOps: the CPU backend. Matmuls and attention are the Highway kernels of this folder; the
-// light row-wise ops are threaded loops over rows written for the compiler to vectorise.
+// CpuOps: the CPU backend. Matmuls, attention, LayerNorm, GELU and AdamW are the Highway
+// kernels of this folder; the light row-wise ops are threaded loops over rows written for the
+// compiler to vectorise.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -50,6 +51,10 @@ class CpuOps final : public Ops {
   void biasBackward(float* dbias, const float* dout, int M, int N) override {
     cpu::biasBackward(dbias, dout, M, N);
   }
+  void matmulAtbBias(float* out, float* dbias, const float* a, const float* b, int M, int K, int N,
+                     bool accumulate) override {
+    cpu::matmulAtbBias(out, dbias, a, b, M, K, N, accumulate);
+  }
 
   void add(float* out, const float* a, const float* b, int64_t n) override {
     pool().parallelFor(n, kElemGrain, [&](int64_t s, int64_t e) {
@@ -59,59 +64,12 @@ class CpuOps final : public Ops {
 
   void layernormForward(float* out, float* mean, float* rstd, const float* in, const float* w,
                         const float* b, int M, int C) override {
-    pool().parallelFor(M, 16, [&](int64_t r0, int64_t r1) {
-      for (int64_t m = r0; m < r1; ++m) {
-        const float* x = in + m * C;
-        float s = 0;
-        for (int c = 0; c < C; ++c) s += x[c];
-        const float mu = s / C;
-        float v = 0;
-        for (int c = 0; c < C; ++c) v += (x[c] - mu) * (x[c] - mu);
-        const float rs = 1.0f / std::sqrt(v / C + 1e-5f);
-        float* y = out + m * C;
-        for (int c = 0; c < C; ++c) y[c] = (x[c] - mu) * rs * w[c] + b[c];
-        if (mean) mean[m] = mu;
-        if (rstd) rstd[m] = rs;
-      }
-    });
+    cpu::layernormForward(out, mean, rstd, in, w, b, M, C);
   }
-
   void layernormBackward(float* din, float* dw, float* db, const float* dout, const float* in,
                          const float* w, const float* mean, const float* rstd, int M,
                          int C) override {
-    // din per row in parallel; dw/db reduced over rows per thread, then summed.
-    const int threads = threadCount();
-    std::vector<float> part(size_t(threads) * 2 * C, 0.0f);
-    pool().run(threads, [&](int t) {
-      const int64_t r0 = int64_t(M) * t / threads, r1 = int64_t(M) * (t + 1) / threads;
-      float* pdw = part.data() + size_t(t) * 2 * C;
-      float* pdb = pdw + C;
-      for (int64_t m = r0; m < r1; ++m) {
-        const float* x = in + m * C;
-        const float* dy = dout + m * C;
-        const float mu = mean[m], rs = rstd[m];
-        float dnMean = 0, dnNormMean = 0;
-        for (int c = 0; c < C; ++c) {
-          const float norm = (x[c] - mu) * rs, dn = w[c] * dy[c];
-          dnMean += dn;
-          dnNormMean += dn * norm;
-        }
-        dnMean /= C;
-        dnNormMean /= C;
-        float* dx = din + m * C;
-        for (int c = 0; c < C; ++c) {
-          const float norm = (x[c] - mu) * rs, dn = w[c] * dy[c];
-          pdb[c] += dy[c];
-          pdw[c] += norm * dy[c];
-          dx[c] += (dn - dnMean - norm * dnNormMean) * rs;
-        }
-      }
-    });
-    for (int t = 0; t < threads; ++t)
-      for (int c = 0; c < C; ++c) {
-        dw[c] += part[size_t(t) * 2 * C + c];
-        db[c] += part[size_t(t) * 2 * C + C + c];
-      }
+    cpu::layernormBackward(din, dw, db, dout, in, w, mean, rstd, M, C);
   }
 
   void geluForward(float* out, const float* in, int64_t n) override {

@@ -35,6 +35,7 @@ namespace ptllm::cpu::detail {
 enum class BSrc { kRowMajor, kTransposed, kF16 };
 
 inline thread_local Scratch tlsA, tlsB;  // per-thread packed panels of A and B
+inline thread_local Scratch tlsC;        // matmulAtb's per-thread partial products
 
 }  // namespace ptllm::cpu::detail
 #endif
@@ -52,7 +53,8 @@ constexpr int kMR = 8, kNV = 2;  // 16 accumulators of 32 zmm registers
 #else
 constexpr int kMR = 6, kNV = 2;  // 12 accumulators of 16 ymm/xmm registers
 #endif
-constexpr int kKC = 256;  // k depth of a block: A panel MR*KC*4 = 8 KiB, B panel KC*NR*4 in L1
+constexpr int kKC = 256;   // k depth of a block: A panel MR*KC*4 = 8 KiB, B panel KC*NR*4 in L1
+constexpr int kNC = 1536;  // B block KC x NC <= 1.5 MiB, streamed from L2/L3 panel by panel
 constexpr int kMC = kMR * 16;
 constexpr int kGemvRows = 4;
 
@@ -64,37 +66,74 @@ constexpr int kGemvRows = 4;
 // of the GEMM time.
 HWY_NOINLINE void PackA(float* HWY_RESTRICT ap, const float* HWY_RESTRICT a, int64_t am, int64_t ak,
                         int m0, int mc, int k0, int kc) {
-  for (int p = 0; p < mc; p += kMR) {
-    float* dst = ap + (int64_t)p * kc;
-    const int rows = std::min(kMR, mc - p);
-    if (ak == 1) {
+  if (ak == 1) {
+    for (int p = 0; p < mc; p += kMR) {
+      float* dst = ap + (int64_t)p * kc;
+      const int rows = std::min(kMR, mc - p);
       for (int i = 0; i < rows; ++i)
         std::memcpy(dst + (int64_t)i * kc, a + (int64_t)(m0 + p + i) * am + k0, sizeof(float) * kc);
       std::fill(dst + (int64_t)rows * kc, dst + (int64_t)kMR * kc, 0.0f);
-    } else {  // am == 1 (matmulAtb): each k's MR values are contiguous
-      for (int k = 0; k < kc; ++k) {
-        const float* src = a + (int64_t)(k0 + k) * ak + m0 + p;
-        float* d = dst + k * kMR;
-        if (rows == kMR) {
-          std::memcpy(d, src, sizeof(float) * kMR);
-        } else {
-          for (int i = 0; i < rows; ++i) d[i] = src[i];
-          for (int i = rows; i < kMR; ++i) d[i] = 0.0f;
-        }
-      }
+    }
+    return;
+  }
+  // am == 1 (matmulAtb): the k row's values of all the panels are one contiguous source run,
+  // read once front to back (panel by panel, each source line was read twice, kc rows apart).
+  for (int k = 0; k < kc; ++k) {
+    const float* src = a + (int64_t)(k0 + k) * ak + m0;
+    int p = 0;
+    for (; p + kMR <= mc; p += kMR)
+      std::memcpy(ap + (int64_t)p * kc + k * kMR, src + p, sizeof(float) * kMR);
+    if (p < mc) {
+      float* d = ap + (int64_t)p * kc + k * kMR;
+      for (int i = 0; i < mc - p; ++i) d[i] = src[p + i];
+      for (int i = mc - p; i < kMR; ++i) d[i] = 0.0f;
     }
   }
 }
 
 // B(k,n) for k in [k0, k0+kc), n in [n0, n0+nc) -> NR-wide panels bp[panel][k][NR], zero
 // padded past nc. ldb: row stride of the source ([K,N]: N; transposed [N,K]: K); for kF16 the
-// source's K (its panels hold ldb * kF16PanelCols elements).
+// source's K (its panels hold ldb * kF16PanelCols elements). colsum (kRowMajor only, may be
+// null): colsum[0:nc) += sum over the kc rows of B, summed in f32 per block, then added.
 template <BSrc kSrc>
 HWY_NOINLINE void PackB(float* HWY_RESTRICT bp, const void* HWY_RESTRICT bsrc, int64_t ldb, int n0,
-                        int nc, int k0, int kc) {
+                        int nc, int k0, int kc, float* HWY_RESTRICT colsum) {
   const DF d;
   const int L = (int)hn::Lanes(d);
   const int NR = kNV * L;
+  if constexpr (kSrc == BSrc::kRowMajor) {
+    // Row k's run [n0, n0+nc) is read once, front to back, and dealt out to the panels. (Panel
+    // by panel, each k row of B was a new page when N >= 1024, and GCC turned the per-row copy
+    // into a memcpy call: ~13% of matmulAtb.)
+    // With colsum, the rows pass through registers anyway: the bias gradient of matmulAtbBias
+    // costs no extra pass over B.
+    const int full = nc / NR * NR;
+    HWY_ALIGN float sums[kNC];
+    if (colsum) std::fill(sums, sums + nc, 0.0f);
+    for (int k = 0; k < kc; ++k) {
+      const float* src = static_cast<const float*>(bsrc) + (int64_t)(k0 + k) * ldb + n0;
+      for (int p = 0; p < full; p += NR) {
+        float* drow = bp + (int64_t)p * kc + (int64_t)k * NR;
+#pragma GCC unroll 4
+        for (int v = 0; v < kNV; ++v) {
+          const VF x = hn::LoadU(d, src + p + v * L);
+          hn::Store(x, d, drow + v * L);
+          if (colsum) hn::Store(hn::Add(hn::Load(d, sums + p + v * L), x), d, sums + p + v * L);
+        }
+      }
+      if (full < nc) {
+        float* drow = bp + (int64_t)full * kc + (int64_t)k * NR;
+        int j = 0;
+        for (; j < nc - full; ++j) drow[j] = src[full + j];
+        for (; j < NR; ++j) drow[j] = 0.0f;
+        if (colsum)
+          for (j = 0; j < nc - full; ++j) sums[full + j] += src[full + j];
+      }
+    }
+    if (colsum)
+      for (int j = 0; j < nc; ++j) colsum[j] += sums[j];
+    return;
+  }
   for (int p = 0; p < nc; p += NR) {
     float* dst = bp + (int64_t)p * kc;
     const int cols = std::min(NR, nc - p);
@@ -107,16 +146,6 @@ HWY_NOINLINE void PackB(float* HWY_RESTRICT bp, const void* HWY_RESTRICT bsrc, i
       if (cols < NR)
         for (int k = 0; k < kc; ++k)
           for (int j = cols; j < NR; ++j) dst[k * NR + j] = 0.0f;
-    } else if constexpr (kSrc == BSrc::kRowMajor) {
-      const int full = cols / L * L;
-      for (int k = 0; k < kc; ++k) {
-        float* drow = dst + (int64_t)k * NR;
-        int j = 0;
-        const float* src = static_cast<const float*>(bsrc) + (int64_t)(k0 + k) * ldb + n0 + p;
-        for (; j < full; j += L) hn::Store(hn::LoadU(d, src + j), d, drow + j);
-        for (; j < cols; ++j) drow[j] = src[j];
-        for (; j < NR; ++j) drow[j] = 0.0f;
-      }
     } else {  // f16 panels: column n of row k at (n/NB)*ldb*NB + k*NB + n%NB
       constexpr int NB = detail::kF16PanelCols;
       const hn::Rebind<hwy::float16_t, DF> dh;
@@ -199,15 +228,16 @@ HWY_INLINE void MicroKernel(const float* HWY_RESTRICT ap, const float* HWY_RESTR
   }
 }
 
-// C[m0:m1, n0:n1] (=/+=) A @ B (+ bias), A(m,k) = a[m*am + k*ak], B as kSrc.
+// C[m0:m1, n0:n1] (=/+=) A @ B (+ bias), A(m,k) = a[m*am + k*ak], B as kSrc. colsum
+// (kRowMajor, may be null): colsum[n0:n1) += column sums of B, by the range that holds row 0
+// (every column is in exactly one such range).
 template <BSrc kSrc>
 void GemmRange(float* c, const float* a, int64_t am, int64_t ak, const void* b, int64_t ldb,
                const float* bias, int M, int K, int N, bool accumulate, int m0, int m1, int n0,
-               int n1) {
+               int n1, float* colsum) {
   (void)M;
   const DF d;
   const int NR = kNV * (int)hn::Lanes(d);
-  constexpr int kNC = 1536;  // B block KC x NC <= 1.5 MiB, streamed from L2/L3 panel by panel
   const int kcMax = std::min(K, kKC);
   const int ncMax = std::min(n1 - n0, kNC);
   float* bp = detail::tlsB.get((size_t)kcMax * ((ncMax + NR - 1) / NR * NR));
@@ -218,7 +248,7 @@ void GemmRange(float* c, const float* a, int64_t am, int64_t ak, const void* b, 
       const int kc = std::min(kKC, K - k0);
       const bool add = accumulate || k0 > 0;
       const float* bb = (k0 == 0 && bias) ? bias : nullptr;
-      PackB<kSrc>(bp, b, ldb, nc0, nc, k0, kc);
+      PackB<kSrc>(bp, b, ldb, nc0, nc, k0, kc, colsum && m0 == 0 ? colsum + nc0 : nullptr);
       for (int mc0 = m0; mc0 < m1; mc0 += kMC) {
         const int mc = std::min(kMC, m1 - mc0);
         PackA(ap, a, am, ak, mc0, mc, k0, kc);
@@ -242,7 +272,7 @@ void GemmRange(float* c, const float* a, int64_t am, int64_t ak, const void* b, 
 
 template <BSrc kSrc>
 void Gemm(float* c, const float* a, int64_t am, int64_t ak, const void* b, int64_t ldb,
-          const float* bias, int M, int K, int N, bool accumulate) {
+          const float* bias, int M, int K, int N, bool accumulate, float* colsum = nullptr) {
   if (M <= 0 || N <= 0) return;
   if (K <= 0) {  // empty sum: C = bias (or 0), or unchanged when accumulating
     if (!accumulate)
@@ -261,13 +291,13 @@ void Gemm(float* c, const float* a, int64_t am, int64_t ak, const void* b, int64
   const int64_t units = (T == 1 || flops < 2e6) ? 1 : (splitN ? nPanels : mPanels);
   pool().parallelFor(units, 1, [&](int64_t u0, int64_t u1) {
     if (units == 1)
-      GemmRange<kSrc>(c, a, am, ak, b, ldb, bias, M, K, N, accumulate, 0, M, 0, N);
+      GemmRange<kSrc>(c, a, am, ak, b, ldb, bias, M, K, N, accumulate, 0, M, 0, N, colsum);
     else if (splitN)
       GemmRange<kSrc>(c, a, am, ak, b, ldb, bias, M, K, N, accumulate, 0, M, (int)u0 * NR,
-                      (int)std::min<int64_t>(u1 * NR, N));
+                      (int)std::min<int64_t>(u1 * NR, N), colsum);
     else
       GemmRange<kSrc>(c, a, am, ak, b, ldb, bias, M, K, N, accumulate, (int)u0 * kMR,
-                      (int)std::min<int64_t>(u1 * kMR, M), 0, N);
+                      (int)std::min<int64_t>(u1 * kMR, M), 0, N, colsum);
   });
 }
 
@@ -394,8 +424,52 @@ void MatmulAbtT(float* out, const float* a, const float* b, int M, int K, int N,
   }
 }
 
+// matmulAtb's weight gradients have K (tokens) far above M and N: split K over the pool, each
+// thread its own C. (Split by rows or columns of C, every thread packed all of A = in^T or all
+// of B = dOut, MiBs, for a C of a few hundred KiB.) Thread t > 0 leaves its partial C (and
+// column sums) in scratch; they are added into out (and dbias) in thread order afterwards.
+bool AtbSplitsK(int M, int K, int N) {
+  const int T = threadCount();
+  return T > 1 && K >= 2 * T * kKC && K >= 4 * std::max(M, N);
+}
+
+void AtbSplitK(float* out, float* dbias, const float* a, const float* b, int M, int K, int N,
+               bool accumulate) {
+  const int T = threadCount();
+  const int64_t mn = (int64_t)M * N;
+  float* part = detail::tlsC.get((size_t)(T - 1) * (size_t)(mn + N));  // [T-1][M*N] C
+  float* sums = part + (T - 1) * mn;                                   // [T-1][N] column sums
+  if (dbias) std::fill(sums, sums + (int64_t)(T - 1) * N, 0.0f);
+  const int blocks = (K + kKC - 1) / kKC;  // >= 2T: no thread's range is empty
+  pool().run(T, [&](int t) {
+    const int kb = (int)((int64_t)blocks * t / T) * kKC;
+    const int ke = std::min(K, (int)((int64_t)blocks * (t + 1) / T) * kKC);
+    float* c = t == 0 ? out : part + (t - 1) * mn;
+    float* cs = !dbias ? nullptr : t == 0 ? dbias : sums + (int64_t)(t - 1) * N;
+    GemmRange<BSrc::kRowMajor>(c, a + (int64_t)kb * M, 1, M, b + (int64_t)kb * N, N, nullptr, M,
+                               ke - kb, N, t == 0 && accumulate, 0, M, 0, N, cs);
+  });
+  pool().parallelFor(mn, 1 << 14, [&](int64_t i0, int64_t i1) {
+    for (int t = 1; t < T; ++t) {
+      const float* p = part + (t - 1) * mn;
+      for (int64_t i = i0; i < i1; ++i) out[i] += p[i];
+    }
+  });
+  if (dbias)
+    for (int t = 1; t < T; ++t)
+      for (int n = 0; n < N; ++n) dbias[n] += sums[(int64_t)(t - 1) * N + n];
+}
+
 void MatmulAtbT(float* out, const float* a, const float* b, int M, int K, int N, bool accumulate) {
+  if (AtbSplitsK(M, K, N)) return AtbSplitK(out, nullptr, a, b, M, K, N, accumulate);
   Gemm<BSrc::kRowMajor>(out, a, 1, M, b, N, nullptr, M, K, N, accumulate);
+}
+
+// matmulAtb and dbias[N] += column sums of b[K,N] (summed while B is packed). M, N, K >= 1.
+void MatmulAtbBiasT(float* out, float* dbias, const float* a, const float* b, int M, int K, int N,
+                    bool accumulate) {
+  if (AtbSplitsK(M, K, N)) return AtbSplitK(out, dbias, a, b, M, K, N, accumulate);
+  Gemm<BSrc::kRowMajor>(out, a, 1, M, b, N, nullptr, M, K, N, accumulate, dbias);
 }
 
 void MatmulF16GemmT(float* out, const float* in, const uint16_t* w16, const float* bias, int M,
@@ -444,6 +518,7 @@ namespace ptllm::cpu {
 HWY_EXPORT(MatmulT);
 HWY_EXPORT(MatmulAbtT);
 HWY_EXPORT(MatmulAtbT);
+HWY_EXPORT(MatmulAtbBiasT);
 HWY_EXPORT(MatmulF16GemmT);
 HWY_EXPORT(BiasBackwardT);
 
@@ -455,6 +530,14 @@ void matmulAbt(float* out, const float* a, const float* b, int M, int K, int N, 
 }
 void matmulAtb(float* out, const float* a, const float* b, int M, int K, int N, bool accumulate) {
   HWY_DYNAMIC_DISPATCH(MatmulAtbT)(out, a, b, M, K, N, accumulate);
+}
+void matmulAtbBias(float* out, float* dbias, const float* a, const float* b, int M, int K, int N,
+                   bool accumulate) {
+  if (M <= 0 || K <= 0 || N <= 0) {  // nothing to pack B for: the two ops one after the other
+    matmulAtb(out, a, b, M, K, N, accumulate);
+    return biasBackward(dbias, b, K, N);
+  }
+  HWY_DYNAMIC_DISPATCH(MatmulAtbBiasT)(out, dbias, a, b, M, K, N, accumulate);
 }
 void biasBackward(float* dbias, const float* dout, int M, int N) {
   if (M <= 0 || N <= 0) return;
