@@ -28,17 +28,29 @@ struct Generated {
   std::string pathUsed;
 };
 
+// The bundled model on `ops` with its paths selected, and the tests' prompt.
+struct BundledOn {
+  BundledOn(Ops& ops, const char* paths)
+      : set(ops, PathSelection::parse(paths)),
+        lm(loadCheckpoint(ops, kModel)),
+        prompt(lm.tokenizer->encode("ROMEO:", "prompt")) {
+    lm.model->setPaths(&set);
+  }
+  PathSet set;
+  LoadedModel lm;
+  std::vector<int32_t> prompt;
+};
+
 Generated greedy(Ops& ops, const std::string& paths, int tokens) {
-  PathSet set(ops, PathSelection::parse(paths));
-  LoadedModel lm = loadCheckpoint(ops, kModel);
-  lm.model->setPaths(&set);
+  BundledOn loaded(ops, paths.c_str());
+  LoadedModel& lm = loaded.lm;
   lm.model->prepareForInference();
   EXPECT_EQ(lm.model->paramData().device(), ops.device());  // weights live on the backend
   Generator gen(*lm.model);
   SampleOptions o;
   o.tokens = tokens;
   o.temperature = 0;
-  const auto out = gen.generate(lm.tokenizer->encode("ROMEO:", "prompt"), o);
+  const auto out = gen.generate(loaded.prompt, o);
   return {lm.tokenizer->decode(out), lm.model->lastLinearPath()};
 }
 
@@ -88,11 +100,9 @@ TEST_F(CudaModel, EveryPassingGpuPathGivesTheGpuF32Text) {
 TEST_F(CudaModel, StepGraphDecodeEqualsOpByOpDecode) {
   for (const char* paths : {"f32", "auto"}) {
     SCOPED_TRACE(paths);
-    PathSet set(*gpu, PathSelection::parse(paths));
-    LoadedModel lm = loadCheckpoint(*gpu, kModel);
-    Gpt2& m = *lm.model;
-    m.setPaths(&set);
-    const std::vector<int32_t> prompt = lm.tokenizer->encode("ROMEO:", "prompt");
+    BundledOn loaded(*gpu, paths);
+    Gpt2& m = *loaded.lm.model;
+    const std::vector<int32_t>& prompt = loaded.prompt;
     const int steps = std::min(120, m.config().blockSize - int(prompt.size()));
     auto run = [&](bool graphs) {
       m.setStepGraphs(graphs);
@@ -115,11 +125,9 @@ TEST_F(CudaModel, StepGraphDecodeEqualsOpByOpDecode) {
 TEST_F(CudaModel, DeviceGreedyRunsEqualTheHostLoop) {
   for (const char* paths : {"f32", "auto"}) {
     SCOPED_TRACE(paths);
-    PathSet set(*gpu, PathSelection::parse(paths));
-    LoadedModel lm = loadCheckpoint(*gpu, kModel);
-    Gpt2& m = *lm.model;
-    m.setPaths(&set);
-    const std::vector<int32_t> prompt = lm.tokenizer->encode("ROMEO:", "prompt");
+    BundledOn loaded(*gpu, paths);
+    Gpt2& m = *loaded.lm.model;
+    const std::vector<int32_t>& prompt = loaded.prompt;
     auto generate = [&](bool onDevice) {
       Generator gen(m);
       SampleOptions o;
