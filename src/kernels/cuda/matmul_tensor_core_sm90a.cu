@@ -32,6 +32,7 @@
 #include <cstdint>
 #include <mutex>
 
+#include "kernels/cuda/async_copy.cuh"
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_device.h"
 #include "kernels/cuda/matmul_tensor_core_sm90a.h"
@@ -49,59 +50,7 @@ constexpr int kStageBytes = kATile + kBTile;
 constexpr size_t kSmem = size_t(kStages) * kStageBytes + 1024;  // + slack for 1 KB alignment
 constexpr int kGroupM = 8;  // grouped tile order: neighbouring CTAs share A and B tiles in L2
 
-__device__ inline uint32_t smemAddr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// ---- mbarriers ----
-__device__ inline void mbarInit(uint32_t bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
-}
-__device__ inline void mbarExpectTx(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
-               : "memory");
-}
-__device__ inline void mbarWait(uint32_t bar, uint32_t parity) {
-  uint32_t done = 0;
-  do {
-    asm volatile(
-        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-        " selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-  } while (!done);
-}
-// Arrive on the barrier at the same shared-memory offset in CTA `rank` of the cluster (this CTA
-// included): release at cluster scope orders this thread's completed wgmma reads before it.
-__device__ inline void mbarArriveCluster(uint32_t bar, uint32_t rank) {
-  asm volatile(
-      "{\n .reg .b32 remote;\n mapa.shared::cluster.u32 remote, %0, %1;\n"
-      " mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n}\n" ::"r"(bar),
-      "r"(rank)
-      : "memory");
-}
-__device__ inline void mbarArrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-
-// ---- TMA: a 2-D box (x = k, y = row) into shared memory, completing on an mbarrier ----
-__device__ inline void tmaLoad(uint32_t dst, const CUtensorMap* map, int x, int y, uint32_t bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
-      " [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(bar)
-      : "memory");
-}
-// The same box written at offset dst of every CTA in ctaMask, each one's barrier at offset bar.
-__device__ inline void tmaLoadMulticast(uint32_t dst, const CUtensorMap* map, int x, int y,
-                                        uint32_t bar, uint16_t ctaMask) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
-      ".multicast::cluster [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(bar), "h"(ctaMask)
-      : "memory");
-}
+using namespace async;
 
 // ---- wgmma ----
 // Shared-memory matrix descriptor of a K-major tile written by TMA with the 128B swizzle:
@@ -187,7 +136,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbarInit(smemAddr(&fullBar[s]), 1);
       mbarInit(smemAddr(&emptyBar[s]), kConsumers * kCluster);
     }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    mbarFenceInit();
   }
   // Every CTA's barriers are initialised before any CTA of the cluster signals them.
   if constexpr (kCluster > 1) {
