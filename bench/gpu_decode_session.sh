@@ -18,22 +18,7 @@ say() { echo "[$(($(date +%s) - t0))s] $*"; }
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv 2>&1
   nvcc --version 2>&1 | tail -1
 } > "$OUT/env.txt" 2>&1
-GEN=()
-command -v ninja > /dev/null && GEN=(-G Ninja)
-if [[ -n "${DEPS:-}" ]]; then  # as bench/gpu_session.sh
-  DEPS=$(cd "$DEPS" && pwd)
-  LIB=$DEPS/usr/lib/x86_64-linux-gnu
-  export LD_LIBRARY_PATH=$LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-  for so in libssl.so.3 libcrypto.so.3 libbrotlienc.so.1 libbrotlidec.so.1 libz.so.1; do
-    if ! ldconfig -p | grep -q "$so"; then
-      export LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$DEPS/fallback
-      break
-    fi
-  done
-  export PKG_CONFIG_SYSROOT_DIR=$DEPS PKG_CONFIG_LIBDIR=$LIB/pkgconfig
-  GEN+=(-DCMAKE_PREFIX_PATH="$DEPS/usr")
-  command -v pkg-config > /dev/null || GEN+=(-DPKG_CONFIG_EXECUTABLE="$DEPS/usr/bin/pkgconf")
-fi
+source "$ROOT/bench/gpu_deps.sh"
 say "build"
 { timeout "${BUILD_TIMEOUT:-120}" cmake -S . -B build "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release &&
   timeout "${BUILD_TIMEOUT:-120}" cmake --build build -j"$JOBS" --target ptllm \

@@ -4,7 +4,7 @@
 # env.txt, build.log, tests.log, bench.txt (run_cuda_bench.sh's saved output), bench-console.log.
 # Without a GPU (a dry run) it builds, runs the GPU tests (they skip) and skips the bench.
 #   bench/gpu_session.sh     env: OUT (default /tmp/gpu-session), JOBS (default: all cores),
-#                            TEST_TIMEOUT (240 s), BENCH_TIMEOUT (200 s), DEPS (see below);
+#                            TEST_TIMEOUT (240 s), BENCH_TIMEOUT (200 s), DEPS (bench/gpu_deps.sh);
 #                            for a shorter call: TARGETS (build only these, e.g. "ptllm
 #                            test_cuda_paths"), TESTS (ctest -R regex, default Cuda), BENCH (a
 #                            command run instead of run_cuda_bench.sh, its output in bench.txt)
@@ -24,27 +24,7 @@ say() { echo "[$(($(date +%s) - t0))s] $*"; }
   cmake --version 2>&1 | head -1
   git log --oneline -1 2>/dev/null || true
 } > "$OUT/env.txt" 2>&1
-GEN=()
-command -v ninja > /dev/null && GEN=(-G Ninja)
-# DEPS: a folder holding the Debian packages' installed files (usr/...) for a machine without
-# them (the lent GPU image has none of scripts/install-deps.sh's packages); fallback/ holds
-# shared libraries they need that the machine may lack (brotli, OpenSSL 3), used only then.
-if [[ -n "${DEPS:-}" ]]; then
-  DEPS=$(cd "$DEPS" && pwd)
-  LIB=$DEPS/usr/lib/x86_64-linux-gnu
-  export LD_LIBRARY_PATH=$LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-  for so in libssl.so.3 libcrypto.so.3 libbrotlienc.so.1 libbrotlidec.so.1 libz.so.1; do
-    if ! ldconfig -p | grep -q "$so"; then
-      echo "no $so here: using $DEPS/fallback" >> "$OUT/env.txt"
-      export LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$DEPS/fallback
-      break
-    fi
-  done
-  export PKG_CONFIG_SYSROOT_DIR=$DEPS PKG_CONFIG_LIBDIR=$LIB/pkgconfig
-  GEN+=(-DCMAKE_PREFIX_PATH="$DEPS/usr")
-  command -v pkg-config > /dev/null || GEN+=(-DPKG_CONFIG_EXECUTABLE="$DEPS/usr/bin/pkgconf")
-  echo "DEPS=$DEPS LD_LIBRARY_PATH=$LD_LIBRARY_PATH" >> "$OUT/env.txt"
-fi
+source "$ROOT/bench/gpu_deps.sh"
 say "configure + build (-j$JOBS)"
 # -k 0: a target that fails to build (its errors are in build.log) does not stop the others;
 # the session goes on when the binary and the GPU tests were built.
