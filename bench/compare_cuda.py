@@ -69,9 +69,10 @@ def main():
             form = ""
             if s.get("device") == "cuda":
                 fused = int(s.get("fused_blocks", "0"))
-                form = f" step={'fused x' + str(fused) + ' blocks' if fused else 'op kernels'}"
+                ff = s.get("fused_form", "0")
+                form = f" step={'fused form ' + (ff if ff != '0' else 'default') + ' x' + str(fused) + ' blocks' if fused else 'op kernels'}"
                 if s.get("step_form") == "auto":
-                    form += " (default: the faster form)"
+                    form += " (default: the fastest form)"
             us = f" ({float(s['us_token']):.1f} us/token)" if "us_token" in s else ""
             out.append(f"decode bundled config, path={s.get('path')} device={s.get('device', '?')}{form}: "
                        f"{float(s['tok_s']):.0f} tok/s{us} vs torch generate {float(ts['tok_s']):.0f} "

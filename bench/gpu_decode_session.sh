@@ -29,16 +29,10 @@ grep -E "warning|error" "$OUT/build.log" | head -10
 
 say "tests"
 {
-  timeout "${TEST_TIMEOUT:-70}" ctest --test-dir build -R Cuda -j4 --output-on-failure &
-  for form in 1; do
-    PTLLM_DECODE_KERNEL=$form timeout "${TEST_TIMEOUT:-70}" build/tests/test_cuda_decode_step \
-      --gtest_filter='*BitForBit*:*CpuReference*' > "/tmp/form$form.log" 2>&1
-    echo "form $form bit-for-bit and reference tests: exit $? $(grep -E 'PASSED|FAILED' /tmp/form$form.log | tr '\n' ' ')"
-    grep -B2 -A8 "Failure" "/tmp/form$form.log" | head -40
-  done
-  wait
+  # The decode-step tests run every fused form themselves (Ops::decodeStepForms()).
+  timeout "${TEST_TIMEOUT:-70}" ctest --test-dir build -R Cuda -j4 --output-on-failure
 } > "$OUT/tests.log" 2>&1
-grep -E "tests passed|tests failed|\(Failed\)|Timeout|^form" "$OUT/tests.log" | head -20
+grep -E "tests passed|tests failed|\(Failed\)|Timeout" "$OUT/tests.log" | head -20
 say "tests done"
 
 BIN=build/ptllm
@@ -51,7 +45,7 @@ say "decode"
   for form in 2 1; do
     for paths in "" "--paths f32"; do
       echo "# form $form $paths: fused x16"
-      PTLLM_DECODE_KERNEL=$form timeout 20 $BIN --device cuda $paths $SAMPLE --decode-cluster 16 2>&1 |
+      timeout 20 $BIN --device cuda $paths $SAMPLE --decode-cluster 16 --decode-form $form 2>&1 |
         grep "^peer="
     done
   done
@@ -64,8 +58,9 @@ say "decode"
   for form in 2 1; do
     for paths in "" "--paths f32"; do
       echo "# profile: form $form $paths"
-      PTLLM_DECODE_PROFILE=1 PTLLM_DECODE_KERNEL=$form timeout 20 $BIN --device cuda $paths \
-        bench sample $BUNDLED --tokens 200 --decode-cluster 16 2>&1 | grep -E "^peer=|decode profile"
+      PTLLM_DECODE_PROFILE=1 timeout 20 $BIN --device cuda $paths \
+        bench sample $BUNDLED --tokens 200 --decode-cluster 16 --decode-form $form 2>&1 |
+        grep -E "^peer=|decode profile"
     done
   done
 } > "$OUT/decode.txt" 2>&1

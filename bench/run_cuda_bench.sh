@@ -29,8 +29,10 @@ run() {
   run $BIN --device cuda $SAMPLE --decode-cluster 16
   run $BIN --device cuda $SAMPLE --decode-cluster 8
   run $BIN --device cuda $SAMPLE --no-fused-step
-  run env PTLLM_DECODE_KERNEL=1 $BIN --device cuda $SAMPLE
-  run env PTLLM_DECODE_KERNEL=1 $BIN --device cuda --paths f32 $SAMPLE
+  run $BIN --device cuda $SAMPLE --decode-form 1
+  run $BIN --device cuda $SAMPLE --decode-form 2
+  run $BIN --device cuda --paths f32 $SAMPLE --decode-form 1
+  run $BIN --device cuda --paths f32 $SAMPLE --decode-form 2
   run $BIN --device cuda --paths f32 $SAMPLE
   run $BIN --device cuda --paths f32 $SAMPLE --decode-cluster 16
   run $BIN --device cuda --paths f32 $SAMPLE --no-fused-step

@@ -225,7 +225,7 @@ class DeviceStep {
     gpu_.matmulAbt(logits_.data(), lnf_.data(), wte_.data(), 1, C, s.V, false);
   }
 
-  Ops::DecodeStepArgs args(int clusterBlocks) {
+  Ops::DecodeStepArgs args(int clusterBlocks, int form = 0) {
     const StepShape& s = h_.s;
     Ops::DecodeStepArgs a;
     a.C = s.C;
@@ -258,9 +258,12 @@ class DeviceStep {
     a.att = att_.data();
     a.logits = logits_.data();
     a.clusterBlocks = clusterBlocks;
+    a.form = form;
     return a;
   }
-  int runFused(int clusterBlocks) { return gpu_.decodeStepFused(args(clusterBlocks)); }
+  int runFused(int clusterBlocks, int form = 0) {
+    return gpu_.decodeStepFused(args(clusterBlocks, form));
+  }
 
   StepOut results() {
     StepOut o;
@@ -332,7 +335,7 @@ std::string shapeName(const StepShape& s) {
 
 // Bit for bit against the op-by-op step on the same GPU: logits, the residual, the last layer's
 // attention output, MLP hidden and probabilities, every layer's cache (the new row written,
-// earlier rows and the guard rows after it untouched), at each cluster size.
+// earlier rows and the guard rows after it untouched), for each fused form and cluster size.
 TEST_F(CudaDecodeStep, FusedEqualsOpByOpBitForBit) {
   uint64_t seed = 1;
   for (const StepShape& s : kShapes) {
@@ -342,35 +345,36 @@ TEST_F(CudaDecodeStep, FusedEqualsOpByOpBitForBit) {
     ops.runOpByOp();
     const StepOut want = ops.results();
     ASSERT_TRUE(test::allFinite(want.logits.data(), want.logits.size()));
-    for (int blocks : {0, 1, 2, 8, 16}) {
-      SCOPED_TRACE("clusterBlocks " + std::to_string(blocks));
-      DeviceStep fused(*gpu, h);
-      const int launched = fused.runFused(blocks);
-      ASSERT_GT(launched, 0) << "the fused step refused a supported shape";
-      if (blocks > 0) {
-        EXPECT_LE(launched, blocks);
+    for (int form = 0; form <= gpu->decodeStepForms(); ++form)
+      for (int blocks : {0, 1, 2, 8, 16}) {
+        SCOPED_TRACE("form " + std::to_string(form) + " clusterBlocks " + std::to_string(blocks));
+        DeviceStep fused(*gpu, h);
+        const int launched = fused.runFused(blocks, form);
+        ASSERT_GT(launched, 0) << "the fused step refused a supported shape";
+        if (blocks > 0) {
+          EXPECT_LE(launched, blocks);
+        }
+        const StepOut got = fused.results();
+        EXPECT_EQ(bitDifference(got.logits, want.logits), "") << "logits";
+        EXPECT_EQ(bitDifference(got.x, want.x), "") << "residual x";
+        if (s.L > 0) {
+          EXPECT_EQ(bitDifference(got.y, want.y), "") << "attention output y";
+          EXPECT_EQ(bitDifference(got.hidden, want.hidden), "") << "MLP hidden h";
+          // Probabilities of the last layer's heads, rows 0..pos (the rest is never written).
+          const auto pa = fused.attRows(), pb = ops.attRows();
+          for (int hd = 0; hd < s.NH; ++hd)
+            for (int j = 0; j <= s.pos; ++j)
+              ASSERT_EQ(pa[size_t(hd) * s.maxT + j], pb[size_t(hd) * s.maxT + j])
+                  << "att head " << hd << " key " << j;
+        }
+        for (int l = 0; l < s.L; ++l) {
+          EXPECT_EQ(bitDifference(got.cache[size_t(l)], want.cache[size_t(l)]), "")
+              << "cache of layer " << l;
+          const auto& c = got.cache[size_t(l)];
+          for (size_t i = size_t(s.pos + 1) * 3 * s.C; i < c.size(); ++i)
+            ASSERT_EQ(c[i], kGuardValue) << "layer " << l << ": write past row pos at " << i;
+        }
       }
-      const StepOut got = fused.results();
-      EXPECT_EQ(bitDifference(got.logits, want.logits), "") << "logits";
-      EXPECT_EQ(bitDifference(got.x, want.x), "") << "residual x";
-      if (s.L > 0) {
-        EXPECT_EQ(bitDifference(got.y, want.y), "") << "attention output y";
-        EXPECT_EQ(bitDifference(got.hidden, want.hidden), "") << "MLP hidden h";
-        // Probabilities of the last layer's heads, rows 0..pos (the rest is never written).
-        const auto pa = fused.attRows(), pb = ops.attRows();
-        for (int hd = 0; hd < s.NH; ++hd)
-          for (int j = 0; j <= s.pos; ++j)
-            ASSERT_EQ(pa[size_t(hd) * s.maxT + j], pb[size_t(hd) * s.maxT + j])
-                << "att head " << hd << " key " << j;
-      }
-      for (int l = 0; l < s.L; ++l) {
-        EXPECT_EQ(bitDifference(got.cache[size_t(l)], want.cache[size_t(l)]), "")
-            << "cache of layer " << l;
-        const auto& c = got.cache[size_t(l)];
-        for (size_t i = size_t(s.pos + 1) * 3 * s.C; i < c.size(); ++i)
-          ASSERT_EQ(c[i], kGuardValue) << "layer " << l << ": write past row pos at " << i;
-      }
-    }
   }
 }
 
@@ -407,18 +411,21 @@ TEST_F(CudaDecodeStep, FusedMatchesTheCpuReference) {
 
 // Arguments outside the fused step's limits enqueue nothing (the model then records the op
 // kernels): C past the shared-memory row, a head wider than 128, heads not dividing C, a
-// context past the attention's 4096 scores, more layers than the parameter table holds.
+// context past the attention's 4096 scores, more layers than the parameter table holds, a form
+// the backend does not have.
 TEST_F(CudaDecodeStep, RefusesArgumentsOutsideItsLimits) {
   const HostStep h = makeStep({64, 2, 1, 5, 8, 1, "f32"}, 9);
   DeviceStep d(*gpu, h);
   const Ops::DecodeStepArgs ok = d.args(0);
-  std::vector<Ops::DecodeStepArgs> refused(5, ok);
+  std::vector<Ops::DecodeStepArgs> refused(7, ok);
   refused[0].C = 4096;
   refused[1].C = 256;
   refused[1].NH = 1;
   refused[2].NH = 3;
   refused[3].maxT = 8192;
   refused[4].layers.resize(25, ok.layers[0]);
+  refused[5].form = gpu->decodeStepForms() + 1;
+  refused[6].form = -1;
   for (size_t i = 0; i < refused.size(); ++i) EXPECT_EQ(gpu->decodeStepFused(refused[i]), 0) << i;
   EXPECT_FALSE(test::allFinite(d.results().logits.data(), 1)) << "logits were written";
   EXPECT_GT(gpu->decodeStepFused(ok), 0);
@@ -451,11 +458,12 @@ TEST_F(CudaDecodeStep, ModelDecodeWithFusedStepsEqualsOpByOp) {
       const std::vector<int32_t> prompt = {1, 2, 3};
       const int steps = cfg.blockSize - int(prompt.size());
       enum class Mode { OpByOp, OpGraph, Fused, Auto };
-      auto run = [&](Mode mode) {
+      auto run = [&](Mode mode, int form = 0) {
         m.setStepGraphs(mode != Mode::OpByOp);
         m.setFusedSteps(mode == Mode::Fused  ? Gpt2::FusedSteps::On
                         : mode == Mode::Auto ? Gpt2::FusedSteps::Auto
-                                             : Gpt2::FusedSteps::Off);
+                                             : Gpt2::FusedSteps::Off,
+                        0, form);
         return test::greedyStepLogits(m, prompt, steps, [&] {
           EXPECT_EQ(m.usedStepGraph(), mode != Mode::OpByOp);
           if (mode != Mode::Auto) {
@@ -463,14 +471,20 @@ TEST_F(CudaDecodeStep, ModelDecodeWithFusedStepsEqualsOpByOp) {
           }
         });
       };
-      const auto opByOp = run(Mode::OpByOp), opGraph = run(Mode::OpGraph), fused = run(Mode::Fused);
+      const auto opByOp = run(Mode::OpByOp), opGraph = run(Mode::OpGraph);
       const auto chosen = run(Mode::Auto);
-      ASSERT_EQ(opByOp.size(), fused.size());
       ASSERT_EQ(opByOp.size(), chosen.size());
       for (size_t i = 0; i < opByOp.size(); ++i) {
         ASSERT_EQ(bitDifference(opGraph[i], opByOp[i]), "") << "op graph, step " << i;
-        ASSERT_EQ(bitDifference(fused[i], opByOp[i]), "") << "fused, step " << i;
         ASSERT_EQ(bitDifference(chosen[i], opByOp[i]), "") << "automatic choice, step " << i;
+      }
+      for (int form = 1; form <= gpu->decodeStepForms(); ++form) {
+        SCOPED_TRACE("fused form " + std::to_string(form));
+        const auto fused = run(Mode::Fused, form);
+        EXPECT_EQ(m.usedFusedForm(), form);
+        ASSERT_EQ(opByOp.size(), fused.size());
+        for (size_t i = 0; i < opByOp.size(); ++i)
+          ASSERT_EQ(bitDifference(fused[i], opByOp[i]), "") << "fused, step " << i;
       }
       if (std::string(paths) != "f32") {
         EXPECT_EQ(m.lastLinearPath(), paths);

@@ -29,7 +29,7 @@ struct ModelArgs {
   int batch = 12, steps = 50, warmup = 3, tokens = 200;
   // sample: timed generations (the median is reported); the decode step's form on a backend
   // with step graphs (fused, or the op kernels recorded) and the fused launch's cluster size.
-  int repeats = 1, decodeCluster = 0;
+  int repeats = 1, decodeCluster = 0, decodeForm = 0;
   bool fusedStep = true;
   ModelArgs() {
     cfg.nLayer = 4;
@@ -91,10 +91,10 @@ void benchSample(const ModelArgs& a, const GlobalOptions& g) {
   Gpt2 m(*e.ops, a.cfg);
   m.initRandom(0);
   m.setPaths(e.paths.get());
-  const Gpt2::FusedSteps form = !a.fusedStep          ? Gpt2::FusedSteps::Off
-                                : a.decodeCluster > 0 ? Gpt2::FusedSteps::On
-                                                      : Gpt2::FusedSteps::Auto;
-  m.setFusedSteps(form, a.decodeCluster);
+  const Gpt2::FusedSteps form = !a.fusedStep                              ? Gpt2::FusedSteps::Off
+                                : a.decodeCluster > 0 || a.decodeForm > 0 ? Gpt2::FusedSteps::On
+                                                                          : Gpt2::FusedSteps::Auto;
+  m.setFusedSteps(form, a.decodeCluster, a.decodeForm);
   m.prepareForInference();
   Generator gen(m);
   SampleOptions o;
@@ -116,15 +116,16 @@ void benchSample(const ModelArgs& a, const GlobalOptions& g) {
   const double stepUs = m.usedStepGraph() ? m.recordedStepMicros() : 0;
   std::printf(
       "peer=ptllm mode=sample device=%s n_layer=%d n_head=%d n_embd=%d block=%d threads=%d "
-      "path=%s step_graph=%d step_form=%s fused_blocks=%d params=%lld tokens=%d repeats=%zu "
+      "path=%s step_graph=%d step_form=%s fused_blocks=%d fused_form=%d params=%lld tokens=%d "
+      "repeats=%zu "
       "secs=%.4f secs_min=%.4f us_token=%.1f tok_s=%.2f step_us=%.1f\n",
       e.ops->name(), a.cfg.nLayer, a.cfg.nHead, a.cfg.nEmbd, a.cfg.blockSize, threadCount(),
       pathName(m).c_str(), int(m.usedStepGraph()),
       form == Gpt2::FusedSteps::Auto ? "auto"
       : form == Gpt2::FusedSteps::On ? "fused"
                                      : "ops",
-      m.usedFusedStep(), (long long)m.numParams(), a.tokens, secs.size(), med, secs.front(),
-      med / a.tokens * 1e6, a.tokens / med, stepUs);
+      m.usedFusedStep(), m.usedFusedForm(), (long long)m.numParams(), a.tokens, secs.size(), med,
+      secs.front(), med / a.tokens * 1e6, a.tokens / med, stepUs);
 }
 
 // Median seconds of fn over `iters` calls after 3 warm-ups.
@@ -227,6 +228,12 @@ void addBenchCommand(CLI::App& app, GlobalOptions& g) {
                    "always the fused decode launch, of this many blocks (0: the faster form, "
                    "the backend's launch size)")
       ->capture_default_str();
+  sample
+      ->add_option("--decode-form", a->decodeForm,
+                   "always the fused decode launch, in this form (1, 2; 0: the fastest form, "
+                   "timed on the first step)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 8));
   sample->callback([a, &g] {
     g.apply();
     benchSample(*a, g);

@@ -160,7 +160,11 @@ class Ops {
     // att[NH, maxT] as attentionStep leaves them; logits[V] is the step's output.
     float *x = nullptr, *y = nullptr, *h = nullptr, *att = nullptr, *logits = nullptr;
     int clusterBlocks = 0;  // blocks of the launch; 0: the backend's choice (benchmarks vary it)
+    // The fused kernel's form, 1..decodeStepForms() (all bit-identical; which is fastest
+    // depends on the device and the weight format); 0: the backend's default.
+    int form = 0;
   };
+  virtual int decodeStepForms() const { return 0; }
   // Enqueues the whole one-token step of a GPT-2 — embeddingStep; per layer LayerNorm, the qkv
   // linear, attentionStep, the projection plus the residual, LayerNorm, the MLP linear, GELU,
   // its projection plus the residual; the final LayerNorm and the tied head (matmulAbt) — in

@@ -425,7 +425,7 @@ void Gpt2::forwardCached(const int32_t* tokens, int n, float* logitsOut) {
       fail("token id {} outside the vocabulary of {}", tokens[i], cfg_.vocabSize);
   ensureCache();
   usedStepGraph_ = false;
-  usedFusedStep_ = 0;
+  usedFusedStep_ = usedFusedForm_ = 0;
   if (n == 1 && stepGraphsOn_ && !stepGraphsBroken_ && ops_.supportsStepGraphs() &&
       decodeWithStepGraph(tokens[0], logitsOut))
     return;
@@ -466,37 +466,47 @@ Gpt2::StepRecording* Gpt2::stepRecording(const PathEntry* path, int32_t token) {
   if (it != stepGraphs_.end()) return &it->second;
   // The fused step where it may run; if recording it fails, the op-by-op kernels (recorded);
   // if that fails too, op by op from now on. Each fallback says so once.
-  // Auto: the form timed faster for this path, once; recordings are remade after every
+  // Auto: the form timed fastest for this path, once; recordings are remade after every
   // weight update, the choice is kept (it depends on the device and the path, not the values).
-  const auto chosen = fusedFaster_.find(path);
-  const bool timed = fusedSteps_ == FusedSteps::Auto && chosen != fusedFaster_.end();
+  const auto chosen = stepForm_.find(path);
+  const bool timed = fusedSteps_ == FusedSteps::Auto && chosen != stepForm_.end();
   const bool fused = fusedSteps_ != FusedSteps::Off && !fusedStepsBroken_ &&
-                     (!path || path->fusedDecode) && (!timed || chosen->second);
+                     (!path || path->fusedDecode) && (!timed || chosen->second > 0);
+  const int form = timed ? chosen->second : fusedSteps_ == FusedSteps::Auto ? 1 : fusedForm_;
   try {
     StepRecording rec;
     try {
-      rec = recordDecodeStep(path, fused);
+      rec = recordDecodeStep(path, fused, form);
     } catch (const std::exception& ex) {
       if (!fused) throw;
       fusedStepsBroken_ = true;
       std::fprintf(stderr, "[ops] fused decode step unavailable (%s): recording the op kernels\n",
                    ex.what());
-      rec = recordDecodeStep(path, false);
+      rec = recordDecodeStep(path, false, 0);
     }
     if (rec.fusedBlocks > 0 && fusedSteps_ == FusedSteps::Auto && !timed) {
-      // Which form is faster depends on the device and the path's weight format (on an H200
-      // the fused launch wins 3x for f32 and ties with the op kernels for f16-storage).
-      bool fusedWins = true;
-      try {
-        StepRecording opKernels = recordDecodeStep(path, false);
-        if (stepMicros(opKernels, token) < stepMicros(rec, token)) {
-          rec = std::move(opKernels);
-          fusedWins = false;
+      // Which form is fastest depends on the device and the path's weight format (H200, run 9:
+      // f32 86.2 us on fused form 1, 90.3 on form 2; f16-storage 87.4 on form 2, 96.2 on the
+      // op kernels): each is recorded and timed once and the fastest kept. All compute every
+      // element alike, so the choice is speed only.
+      double best = stepMicros(rec, token);
+      int bestForm = form;
+      for (int f = 0; f <= ops_.decodeStepForms(); ++f) {  // f = 0: the op kernels
+        if (f == form) continue;
+        try {
+          StepRecording other = recordDecodeStep(path, f > 0, f);
+          if (f > 0 && other.fusedBlocks == 0) continue;  // this form refused the shapes
+          const double us = stepMicros(other, token);
+          if (us < best) {
+            best = us;
+            bestForm = f;
+            rec = std::move(other);
+          }
+        } catch (const std::exception&) {
+          // the recordings so far stand
         }
-      } catch (const std::exception&) {
-        // the fused recording stands
       }
-      fusedFaster_[path] = fusedWins;
+      stepForm_[path] = bestForm;
     }
     return &(stepGraphs_[path] = std::move(rec));
   } catch (const std::exception& ex) {
@@ -516,6 +526,7 @@ bool Gpt2::decodeWithStepGraph(int32_t token, float* logitsOut) {
   cachePos_ += 1;
   usedStepGraph_ = true;
   usedFusedStep_ = rec->fusedBlocks;
+  usedFusedForm_ = rec->form;
   lastLinearPath_ = path ? path->name : "f32";
   return true;
 }
@@ -534,7 +545,7 @@ bool Gpt2::decodeGreedy(int32_t first, int n, const std::function<void(int32_t)>
   if (!canDecodeGreedy()) return false;
   ensureCache();
   usedStepGraph_ = false;
-  usedFusedStep_ = 0;
+  usedFusedStep_ = usedFusedForm_ = 0;
   const PathEntry* path = fastPath(false);
   StepRecording* rec = stepRecording(path, first);
   if (!rec) return false;
@@ -567,13 +578,14 @@ bool Gpt2::decodeGreedy(int32_t first, int n, const std::function<void(int32_t)>
   cachePos_ += n;
   usedStepGraph_ = true;
   usedFusedStep_ = rec->fusedBlocks;
+  usedFusedForm_ = rec->form;
   lastLinearPath_ = path ? path->name : "f32";
   return true;
 }
 
 // The fused step's arguments: the same buffers the op-by-op step uses, each linear's weight as
 // linear() would pick it (the path's pack, or f32 where the matrix is ineligible).
-Ops::DecodeStepArgs Gpt2::fusedStepArgs(const PathEntry* path) {
+Ops::DecodeStepArgs Gpt2::fusedStepArgs(const PathEntry* path, int form) {
   Acts& a = *inferActs_;
   Ops::DecodeStepArgs args;
   args.C = cfg_.nEmbd;
@@ -613,20 +625,21 @@ Ops::DecodeStepArgs Gpt2::fusedStepArgs(const PathEntry* path) {
   args.att = a.att[0].data();
   args.logits = a.logits.data();
   args.clusterBlocks = fusedClusterBlocks_;
+  args.form = form;
   return args;
 }
 
 // The one-token forward of forwardCached with the position read from the device: recorded, not
 // run — one fused launch when `fused` and the backend takes these shapes, else the op kernels.
 // Weights are packed first (packing synchronises, which a recording cannot).
-Gpt2::StepRecording Gpt2::recordDecodeStep(const PathEntry* path, bool fused) {
+Gpt2::StepRecording Gpt2::recordDecodeStep(const PathEntry* path, bool fused, int form) {
   if (path && path->prepare)
     for (auto& L : layers_)
       for (Linear* l : {&L.attn, &L.proj, &L.fc, &L.fcProj})
         if (l->packedFor != path && !l->ineligible) pack(*l, path);
   if (!stepIds_) stepIds_ = ops_.allocBytes(2 * sizeof(int32_t));
   if (stepQkv_.empty()) stepQkv_ = ops_.alloc({3 * cfg_.nEmbd});
-  const Ops::DecodeStepArgs args = fused ? fusedStepArgs(path) : Ops::DecodeStepArgs{};
+  const Ops::DecodeStepArgs args = fused ? fusedStepArgs(path, form) : Ops::DecodeStepArgs{};
   int fusedBlocks = 0;
   ops_.beginStepCapture();
   try {
@@ -639,7 +652,7 @@ Gpt2::StepRecording Gpt2::recordDecodeStep(const PathEntry* path, bool fused) {
     }
     throw;
   }
-  return {ops_.endStepCapture(), fusedBlocks};
+  return {ops_.endStepCapture(), fusedBlocks, fusedBlocks > 0 ? form : 0};
 }
 
 // Microseconds one replay of `rec` takes at the current position: the best of three runs of

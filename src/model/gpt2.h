@@ -126,15 +126,20 @@ class Gpt2 {
   // step, the faster is kept, and the choice outlives the recordings (remade after updates). On:
   // the fused launch wherever it can run. Off: the op kernels. `clusterBlocks` 0: the backend's
   // choice of fused launch size (benchmarks vary it).
+  // The fused launch has forms of its own (Ops::decodeStepForms(), bit-identical too): Auto
+  // times each of them and the op kernels; On uses `form` (0: the backend's default).
   enum class FusedSteps { Off, Auto, On };
-  void setFusedSteps(FusedSteps mode, int clusterBlocks = 0) {
+  void setFusedSteps(FusedSteps mode, int clusterBlocks = 0, int form = 0) {
     fusedSteps_ = mode;
     fusedClusterBlocks_ = clusterBlocks;
+    fusedForm_ = form;
     stepGraphs_.clear();
-    fusedFaster_.clear();
+    stepForm_.clear();
   }
-  // Blocks of the fused launch the last forwardCached replayed (0: none, op-by-op kernels).
+  // Blocks of the fused launch the last forwardCached replayed (0: none, op-by-op kernels),
+  // and the form it asked for (0 with the op kernels, or the backend's default under On).
   int usedFusedStep() const { return usedFusedStep_; }
+  int usedFusedForm() const { return usedFusedForm_; }
   // Greedy decoding on the device (a backend with step graphs, canDecodeGreedy()): feeds
   // `first`, then each token the device picks itself (the first largest logit, as sampleToken
   // at temperature 0), n steps in all, with no host round trip per token. The picks — pick k
@@ -162,10 +167,10 @@ class Gpt2 {
   bool decodeWithStepGraph(int32_t token, float* logitsOut);
   struct StepRecording;
   StepRecording* stepRecording(const PathEntry* path, int32_t token);
-  StepRecording recordDecodeStep(const PathEntry* path, bool fused);
+  StepRecording recordDecodeStep(const PathEntry* path, bool fused, int form);
   double stepMicros(StepRecording& rec, int32_t token);
   void recordOpSteps(const PathEntry* path);
-  Ops::DecodeStepArgs fusedStepArgs(const PathEntry* path);
+  Ops::DecodeStepArgs fusedStepArgs(const PathEntry* path, int form);
 
   Ops& ops_;
   ModelConfig cfg_;
@@ -189,6 +194,7 @@ class Gpt2 {
   struct StepRecording {
     std::unique_ptr<Ops::StepGraph> graph;
     int fusedBlocks = 0;  // 0: the op-by-op kernels were recorded
+    int form = 0;         // the fused form asked for (Ops::DecodeStepArgs::form)
   };
   std::map<const PathEntry*, StepRecording> stepGraphs_;
   std::shared_ptr<Buffer> stepIds_;
@@ -196,9 +202,10 @@ class Gpt2 {
   Tensor stepQkv_;
   bool stepGraphsOn_ = true, stepGraphsBroken_ = false, usedStepGraph_ = false;
   FusedSteps fusedSteps_ = FusedSteps::Auto;
-  std::map<const PathEntry*, bool> fusedFaster_;  // Auto's timed choice per path
+  // Auto's timed choice per path: 0 the op kernels, f > 0 fused form f.
+  std::map<const PathEntry*, int> stepForm_;
   bool fusedStepsBroken_ = false;
-  int fusedClusterBlocks_ = 0, usedFusedStep_ = 0;
+  int fusedClusterBlocks_ = 0, fusedForm_ = 0, usedFusedStep_ = 0, usedFusedForm_ = 0;
 };
 
 }  // namespace ptllm

@@ -211,6 +211,7 @@ class CudaOps final : public Ops {
     cuda::launchAttentionStep(out, att, cache, qkvNew, C, NH, maxT, step);
   }
   int decodeStepFused(const DecodeStepArgs& args) override { return cuda::launchDecodeStep(args); }
+  int decodeStepForms() const override { return cuda::decodeStepForms(); }
 
   double sumSquares(const float* x, int64_t n) override { return cuda::sumSquares(x, n, scratch_); }
   void scale(float* x, float s, int64_t n) override { cuda::launchScale(x, s, n); }

@@ -719,26 +719,23 @@ StepLinear stepLinear(const Ops::DecodeLinear& l) {
   return {l.w, l.b, l.f16Storage ? 1 : 0};
 }
 
-// PTLLM_DECODE_KERNEL=1 launches the first form (decodeStepKernel; both are bit-identical),
-// anything else the second (decodeStepKernel2). Read once per process.
-int formEnv() {
-  static const int form = [] {
-    const char* e = std::getenv("PTLLM_DECODE_KERNEL");
-    return e ? std::atoi(e) : 2;
-  }();
-  return form;
-}
-bool useFirstForm() {
-  return formEnv() == 1;
+// The forms (Ops::DecodeStepArgs::form): 1 is decodeStepKernel (rows shared through L2), 2
+// decodeStepKernel2 (rows in every block's shared memory), the default.
+constexpr int kForms = 2, kDefaultForm = 2;
+
+const void* formKernel(int form) {
+  return form == 1 ? reinterpret_cast<const void*>(decodeStepKernel)
+                   : reinterpret_cast<const void*>(decodeStepKernel2);
 }
 
-size_t smemBytes(int C) {
-  return useFirstForm() ? 0 : size_t(smem2Floats(C)) * sizeof(float);
+size_t smemBytes(int form, int C) {
+  return form == 1 ? 0 : size_t(smem2Floats(C)) * sizeof(float);
 }
 
 // PTLLM_DECODE_PROFILE=1: a device buffer of kProfSlots counters that every launch adds its
 // phase times to; printed to stderr at exit (per launch: block 0's and the slowest block's).
 unsigned long long* gProf = nullptr;
+int gProfForms = 0;  // bit f-1: form f was launched (the profile adds up every launch)
 
 void printProfile() {
   std::vector<unsigned long long> h(kProfSlots);
@@ -753,8 +750,10 @@ void printProfile() {
   static const char* names[kProfPoints] = {
       "ln1 (+row/embed)", "qkv", "barrier", "attention",     "barrier", "proj (+row)", "barrier",
       "ln2 (+row)",       "fc",  "barrier", "fcProj (+row)", "barrier", "final ln",    "head"};
-  std::fprintf(stderr, "[decode profile] form %d, %.0f launches, clock %d MHz; us per launch\n",
-               useFirstForm() ? 1 : 2, n, khz / 1000);
+  std::fprintf(stderr,
+               "[decode profile] forms launched (bits) %d, %.0f launches, clock %d MHz; us per "
+               "launch\n",
+               gProfForms, n, khz / 1000);
   double total0 = 0;
   for (int i = 0; i < kProfPoints; ++i) {
     const double b0 = double(h[size_t(i) * kMaxCluster]) / n / (khz * 1e-3);
@@ -784,41 +783,54 @@ unsigned long long* profileBuffer() {
 
 int decodeStepMaxBlocks() {
   // Asked once per process (the first CudaOps, outside any capture): the largest cluster the
-  // device will co-schedule, 16 (non-portable) or 8; 0 when clusters are unavailable.
+  // device co-schedules for every form, 16 (non-portable) or 8; 0 when clusters are unavailable.
   static const int blocks = [] {
-    const void* kernel = useFirstForm() ? reinterpret_cast<const void*>(decodeStepKernel)
-                                        : reinterpret_cast<const void*>(decodeStepKernel2);
-    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) !=
-        cudaSuccess)
-      cudaGetLastError();  // then only portable sizes
-    if (!useFirstForm()) {
-      // Room for the largest C's rows; the rest of the 256 KB stays L1.
-      PTLLM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            int(smemBytes(kMaxC))));
-      PTLLM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                            cudaSharedmemCarveoutMaxL1));
+    int common = kMaxCluster;
+    for (int form = 1; form <= kForms; ++form) {
+      const void* kernel = formKernel(form);
+      if (cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) !=
+          cudaSuccess)
+        cudaGetLastError();  // then only portable sizes
+      if (smemBytes(form, kMaxC) > 0) {
+        // Room for the largest C's rows; the rest of the 256 KB stays L1.
+        PTLLM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                              int(smemBytes(form, kMaxC))));
+        PTLLM_CUDA_CHECK(cudaFuncSetAttribute(
+            kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxL1));
+      }
+      int fits = 0;
+      for (int b : {kMaxCluster, kPortableCluster}) {
+        if (b > common) continue;
+        cudaLaunchAttribute attr;
+        cudaLaunchConfig_t cfg = clusterLaunch(b, &attr);
+        cfg.dynamicSmemBytes = smemBytes(form, kMaxC);
+        int clusters = 0;
+        if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) == cudaSuccess &&
+            clusters > 0) {
+          fits = b;
+          break;
+        }
+        cudaGetLastError();
+      }
+      common = std::min(common, fits);
     }
-    for (int b : {kMaxCluster, kPortableCluster}) {
-      cudaLaunchAttribute attr;
-      cudaLaunchConfig_t cfg = clusterLaunch(b, &attr);
-      cfg.dynamicSmemBytes = smemBytes(kMaxC);
-      int clusters = 0;
-      if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) == cudaSuccess && clusters > 0)
-        return b;
-      cudaGetLastError();
-    }
-    return 0;
+    return common;
   }();
   profileBuffer();  // allocated here, outside any step capture
   return blocks;
 }
 
+int decodeStepForms() {
+  return kForms;
+}
+
 int launchDecodeStep(const Ops::DecodeStepArgs& a) {
   const int maxBlocks = decodeStepMaxBlocks();
   const int nLayer = int(a.layers.size());
-  if (maxBlocks == 0 || a.C < 1 || a.C > kMaxC || a.NH < 1 || a.C % a.NH != 0 ||
-      a.C / a.NH > decode::kMaxHs || a.maxT < 1 || a.maxT > decode::kMaxTk || a.V < 1 ||
-      nLayer > kMaxLayers)
+  const int form = a.form == 0 ? kDefaultForm : a.form;
+  if (maxBlocks == 0 || form < 1 || form > kForms || a.C < 1 || a.C > kMaxC || a.NH < 1 ||
+      a.C % a.NH != 0 || a.C / a.NH > decode::kMaxHs || a.maxT < 1 || a.maxT > decode::kMaxTk ||
+      a.V < 1 || nLayer > kMaxLayers)
     return 0;
   StepParams p = {};
   p.C = a.C;
@@ -855,11 +867,12 @@ int launchDecodeStep(const Ops::DecodeStepArgs& a) {
   const int blocks = std::min(a.clusterBlocks > 0 ? a.clusterBlocks : maxBlocks, maxBlocks);
   cudaLaunchAttribute attr;
   cudaLaunchConfig_t cfg = clusterLaunch(blocks, &attr);
-  cfg.dynamicSmemBytes = smemBytes(a.C);
-  if (useFirstForm())
+  cfg.dynamicSmemBytes = smemBytes(form, a.C);
+  if (form == 1)
     PTLLM_CUDA_CHECK(cudaLaunchKernelEx(&cfg, decodeStepKernel, p));
   else
     PTLLM_CUDA_CHECK(cudaLaunchKernelEx(&cfg, decodeStepKernel2, p));
+  if (p.prof) gProfForms |= 1 << (form - 1);
   return blocks;
 }
 

@@ -91,5 +91,8 @@ int launchDecodeStep(const Ops::DecodeStepArgs& args);
 // The largest cluster the device co-schedules for the fused step (16 or 8; 0: none). Asked
 // once; CudaOps asks at construction so no capture has to.
 int decodeStepMaxBlocks();
+// The fused step's forms (DecodeStepArgs::form): 1 keeps the rows it shares in L2, 2 in every
+// block's shared memory (the default).
+int decodeStepForms();
 
 }  // namespace ptllm::cuda
