@@ -523,12 +523,18 @@ bool Gpt2::decodeWithStepGraph(int32_t token, float* logitsOut) {
   ops_.setDecodeStep(static_cast<int32_t*>(stepIds_->ptr), token, cachePos_);
   rec->graph->replay();
   ops_.download(logitsOut, inferActs_->logits);
-  cachePos_ += 1;
-  usedStepGraph_ = true;
-  usedFusedStep_ = rec->fusedBlocks;
-  usedFusedForm_ = rec->form;
-  lastLinearPath_ = path ? path->name : "f32";
+  stepsReplayed(*rec, path, 1);
   return true;
+}
+
+// After `n` replays of `rec` (the cache holds their tokens): what usedStepGraph(),
+// usedFusedStep(), usedFusedForm() and lastLinearPath() report.
+void Gpt2::stepsReplayed(const StepRecording& rec, const PathEntry* path, int n) {
+  cachePos_ += n;
+  usedStepGraph_ = true;
+  usedFusedStep_ = rec.fusedBlocks;
+  usedFusedForm_ = rec.form;
+  lastLinearPath_ = path ? path->name : "f32";
 }
 
 bool Gpt2::canDecodeGreedy() const {
@@ -575,11 +581,7 @@ bool Gpt2::decodeGreedy(int32_t first, int n, const std::function<void(int32_t)>
   }
   readTo(n);
   ops_.download(logitsOut, inferActs_->logits);
-  cachePos_ += n;
-  usedStepGraph_ = true;
-  usedFusedStep_ = rec->fusedBlocks;
-  usedFusedForm_ = rec->form;
-  lastLinearPath_ = path ? path->name : "f32";
+  stepsReplayed(*rec, path, n);
   return true;
 }
 

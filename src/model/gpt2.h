@@ -167,6 +167,7 @@ class Gpt2 {
   bool decodeWithStepGraph(int32_t token, float* logitsOut);
   struct StepRecording;
   StepRecording* stepRecording(const PathEntry* path, int32_t token);
+  void stepsReplayed(const StepRecording& rec, const PathEntry* path, int n);
   StepRecording recordDecodeStep(const PathEntry* path, bool fused, int form);
   double stepMicros(StepRecording& rec, int32_t token);
   void recordOpSteps(const PathEntry* path);
