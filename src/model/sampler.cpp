@@ -132,18 +132,18 @@ std::vector<int32_t> Generator::generate(const std::vector<int32_t>& prompt,
     const int run = std::min({opt.tokens - 1 - i, T - int(context_.size()), toSentinel});
     if (opt.temperature <= 0.0f && opt.deviceGreedy && run >= 2 && model_.canDecodeGreedy()) {
       context_.push_back(next);
-      int emitted = 0;
+      int picked = 0;
       const bool done = model_.decodeGreedy(
           next, run,
           [&](int32_t t) {
+            // The last pick is not fed: the host re-picks it from the run's last logits.
+            if (++picked == run) return;
             context_.push_back(t);
-            if (++emitted == run) return;  // the last pick: the host re-picks it from the logits
             out.push_back(t);
             if (onToken) onToken(t);
           },
           logits_.data());
       if (done) {
-        context_.pop_back();  // the last pick is not fed yet
         i += run - 1;
         continue;
       }
