@@ -329,18 +329,20 @@ void gemmF16TensorCore(float* c, const void* a, const void* b, int M, int N, int
   launchTensorCore(c, a, b, nullptr, nullptr, M, N, Kp);
 }
 
+// The variants: the Hopper kernel's schedules where this GPU runs them, then mma.sync.
+int hopperVariants() {
+  return wgmmaGemmAvailable() ? wgmmaGemmVariantCount() : 0;
+}
 int gemmF16VariantCount() {
-  return (wgmmaGemmAvailable() ? wgmmaGemmVariantCount() : 0) + 1;
+  return hopperVariants() + 1;
 }
 const char* gemmF16VariantName(int variant) {
-  const int hopper = wgmmaGemmAvailable() ? wgmmaGemmVariantCount() : 0;
-  return variant < hopper ? wgmmaGemmVariantName(variant) : "mma.sync-128x128";
+  return variant < hopperVariants() ? wgmmaGemmVariantName(variant) : "mma.sync-128x128";
 }
 void gemmF16Variant(int variant, float* c, const void* a, const void* b, const float* rowScale,
                     const float* bias, int M, int N, int Kp) {
   if (Kp % 64 != 0) fail("gemmF16Variant: Kp={} is not a multiple of 64", Kp);
-  const int hopper = wgmmaGemmAvailable() ? wgmmaGemmVariantCount() : 0;
-  if (variant < hopper)
+  if (variant < hopperVariants())
     wgmmaGemm(variant, c, a, b, rowScale, bias, M, N, Kp);
   else
     launchMma(c, a, b, rowScale, bias, M, N, Kp);
