@@ -144,11 +144,14 @@ void benchGemm(Ops& ops, int n, int iters) {
   std::vector<float> h1(size_t(n) * n), h2(h1.size());
   ops.download(h1.data(), c1);
   ops.download(h2.data(), c2);
-  double maxDiff = 0, maxRef = 0;
-  for (size_t i = 0; i < h1.size(); ++i) {
-    maxDiff = std::max(maxDiff, double(std::fabs(h1[i] - h2[i])));
-    maxRef = std::max(maxRef, double(std::fabs(h2[i])));
-  }
+  auto maxAbsDiff = [&] {  // h1 against cuBLASLt's h2
+    double d = 0;
+    for (size_t i = 0; i < h1.size(); ++i) d = std::max(d, double(std::fabs(h1[i] - h2[i])));
+    return d;
+  };
+  const double maxDiff = maxAbsDiff();
+  double maxRef = 0;
+  for (float x : h2) maxRef = std::max(maxRef, double(std::fabs(x)));
   const double flop = 2.0 * n * double(n) * n;
   std::printf(
       "peer=ptllm mode=gemm M=%d N=%d K=%d ours_ms=%.3f cublaslt_ms=%.3f ours_tflops=%.1f "
@@ -161,8 +164,7 @@ void benchGemm(Ops& ops, int n, int iters) {
         [&] { cuda::gemmF16Variant(v, c1.data(), a16->ptr, b16->ptr, nullptr, nullptr, n, n, Kp); },
         iters);
     ops.download(h1.data(), c1);
-    double diff = 0;
-    for (size_t i = 0; i < h1.size(); ++i) diff = std::max(diff, double(std::fabs(h1[i] - h2[i])));
+    const double diff = maxAbsDiff();
     std::printf(
         "peer=ptllm mode=gemm-variant kernel=%s M=%d N=%d K=%d ms=%.3f tflops=%.1f "
         "over_cublaslt=%.3f max_abs_diff=%.3e\n",
