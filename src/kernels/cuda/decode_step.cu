@@ -868,10 +868,8 @@ int launchDecodeStep(const Ops::DecodeStepArgs& a) {
   cudaLaunchAttribute attr;
   cudaLaunchConfig_t cfg = clusterLaunch(blocks, &attr);
   cfg.dynamicSmemBytes = smemBytes(form, a.C);
-  if (form == 1)
-    PTLLM_CUDA_CHECK(cudaLaunchKernelEx(&cfg, decodeStepKernel, p));
-  else
-    PTLLM_CUDA_CHECK(cudaLaunchKernelEx(&cfg, decodeStepKernel2, p));
+  void* params[] = {&p};
+  PTLLM_CUDA_CHECK(cudaLaunchKernelExC(&cfg, formKernel(form), params));
   if (p.prof) gProfForms |= 1 << (form - 1);
   return blocks;
 }
