@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <functional>
+#include <utility>
 #include <vector>
 
 #include "app/commands.h"
@@ -200,6 +202,75 @@ void benchMatmul(const GlobalOptions& g, int iters) {
               since(t0) * 1000, cpu::simdTargetName());
 }
 
+// The training step's GEMMs (the four linear layers of a block: forward, dX = dY W^T, dW = X^T
+// dY with the bias gradient) at the config's token count, in GFLOP/s against the micro-kernel's
+// FMA ceiling measured in the same run. "warm": the same operands back to back (they stay in
+// cache); "cold": rotating over copies (>= 256 MiB a shape), as the step finds them in memory.
+// bench/gemm_peer.c prints OpenBLAS's figures for the same shapes (bench/run_bench.sh).
+void benchGemm(const ModelArgs& a, int batch, int iters) {
+  const int T = batch * a.cfg.blockSize, C = a.cfg.nEmbd;
+  if (T < 1 || C < 1) fail("bench gemm: --batch-size x --block-size and --n-embd must be >= 1");
+  const double ceiling = cpu::fmaCeilingGflops(0.5);
+  std::printf("peer=ptllm mode=fma_ceiling threads=%d gflops=%.1f simd=%s\n", threadCount(),
+              ceiling, cpu::simdTargetName());
+  struct Shape {
+    const char* layer;
+    int K, N;
+  };
+  double stepSecs[2] = {0, 0};
+  for (Shape s : {Shape{"attn", C, 3 * C}, Shape{"proj", C, C}, Shape{"fc", C, 4 * C},
+                  Shape{"fcproj", 4 * C, C}}) {
+    struct Operands {
+      std::vector<float> in, w, b, dy, out, dx, dw, db;
+    };
+    const size_t setBytes = sizeof(float) * (2 * size_t(T) * s.K + 2 * size_t(T) * s.N +
+                                             2 * size_t(s.K) * s.N + 2 * size_t(s.N));
+    const int copies = int(std::max<size_t>(2, (size_t(256) << 20) / setBytes + 1));
+    Rng rng(7);
+    std::vector<Operands> sets(static_cast<size_t>(copies));
+    for (Operands& o : sets) {
+      for (auto* v : {&o.in, &o.dx}) v->resize(size_t(T) * s.K);
+      for (auto* v : {&o.dy, &o.out}) v->resize(size_t(T) * s.N);
+      for (auto* v : {&o.w, &o.dw}) v->resize(size_t(s.K) * s.N);
+      for (auto* v : {&o.b, &o.db}) v->resize(size_t(s.N));
+      for (auto* v : {&o.in, &o.dy, &o.w, &o.b}) {
+        for (float& x : *v) x = rng.uniform(-1, 1);
+      }
+    }
+    const double flop = 2.0 * T * s.K * s.N;
+    const auto fwd = [&](Operands& o) {
+      cpu::matmul(o.out.data(), o.in.data(), o.w.data(), o.b.data(), T, s.K, s.N);
+    };
+    const auto abt = [&](Operands& o) {
+      cpu::matmulAbt(o.dx.data(), o.dy.data(), o.w.data(), T, s.N, s.K, false);
+    };
+    const auto atb = [&](Operands& o) {
+      cpu::matmulAtbBias(o.dw.data(), o.db.data(), o.in.data(), o.dy.data(), s.K, T, s.N, false);
+    };
+    const std::pair<const char*, std::function<void(Operands&)>> ops[] = {
+        {"fwd", fwd}, {"abt", abt}, {"atb", atb}};
+    for (const auto& [op, fn] : ops) {
+      int i = 0;
+      const double warm = medianSeconds([&] { fn(sets[0]); }, iters);
+      const double cold = medianSeconds([&] { fn(sets[size_t(++i % copies)]); }, iters);
+      stepSecs[0] += warm * a.cfg.nLayer;
+      stepSecs[1] += cold * a.cfg.nLayer;
+      std::printf(
+          "peer=ptllm mode=gemm layer=%s op=%s M=%d K=%d N=%d threads=%d warm_ms=%.3f "
+          "cold_ms=%.3f warm_gflops=%.1f cold_gflops=%.1f warm_of_ceiling=%.3f "
+          "cold_of_ceiling=%.3f\n",
+          s.layer, op, T, s.K, s.N, threadCount(), warm * 1e3, cold * 1e3, flop / warm / 1e9,
+          flop / cold / 1e9, flop / warm / 1e9 / ceiling, flop / cold / 1e9 / ceiling);
+    }
+  }
+  const double stepFlop = 6.0 * T * (12.0 * C * C) * a.cfg.nLayer;
+  std::printf(
+      "peer=ptllm mode=gemm_step n_layer=%d n_embd=%d tokens=%d threads=%d gflop=%.2f "
+      "ceiling_ms=%.2f warm_ms=%.2f cold_ms=%.2f\n",
+      a.cfg.nLayer, C, T, threadCount(), stepFlop / 1e9, stepFlop / ceiling / 1e6,
+      stepSecs[0] * 1e3, stepSecs[1] * 1e3);
+}
+
 }  // namespace
 
 void addBenchCommand(CLI::App& app, GlobalOptions& g) {
@@ -244,6 +315,15 @@ void addBenchCommand(CLI::App& app, GlobalOptions& g) {
   mm->callback([iters, &g] {
     g.apply();
     benchMatmul(g, *iters);
+  });
+  auto* gemm = cmd->add_subcommand(
+      "gemm", "the training step's GEMMs, GFLOP/s warm and cold against the FMA ceiling");
+  addModelOptions(gemm, *a);
+  gemm->add_option("--batch-size", a->batch)->capture_default_str();
+  gemm->add_option("--iters", *iters)->capture_default_str();
+  gemm->callback([a, iters, &g] {
+    g.apply();
+    benchGemm(*a, a->batch, *iters);
   });
   addCudaBenchSubcommand(cmd, g);
 }

@@ -17,6 +17,9 @@ void biasBackward(float* dbias, const float* dout, int M, int N);
 // b: the column sums are taken while b is packed (f32, per k block of the GEMM).
 void matmulAtbBias(float* out, float* dbias, const float* a, const float* b, int M, int K, int N,
                    bool accumulate);
+// The GEMM micro-kernel's arithmetic ceiling on this machine: GFLOP/s of its register tile's
+// FMAs alone (no loads), summed over the pool's threads, each running ~`seconds` (bench gemm).
+double fmaCeilingGflops(double seconds);
 
 // matmul_f16.cpp — the f16-storage path: w packed once to IEEE binary16, products and sums f32.
 // The packed layout is panel-major: [ceil(N/NB)][K][NB] binary16, NB = detail::kF16PanelCols

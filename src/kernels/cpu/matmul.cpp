@@ -3,7 +3,8 @@
 // GEMM (M > kGemvRows, and all of matmulAbt/matmulAtb): GotoBLAS-style blocking. Per thread,
 // a KC x NC block of B is packed into NR-wide k-major panels (zero padded past N) and an
 // MC x KC block of A into MR-row panels (zero padded past M; row-major or k-major, whichever
-// the source copies straight into, see PackA); an MR x NR register tile
+// the source copies straight into, see PackA; row-major A whose rows are not 4 KiB multiples
+// apart is read in place, DirectA); an MR x NR register tile
 // (MR rows x NV vectors) then runs over each panel pair. Packing absorbs the transposes of
 // matmulAbt (B = b^T) and matmulAtb (A = a^T), and the f16 -> f32 promotion of matmulF16's
 // B, so one micro-kernel serves all of them. Work is split over the pool by rows of C or by
@@ -12,8 +13,10 @@
 // accumulating into the output rows (kept in L1 by 1024-column sub-blocks); the columns are
 // split over the pool.
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "core/half.h"
 #include "core/thread_pool.h"
@@ -177,9 +180,9 @@ HWY_NOINLINE void PackB(float* HWY_RESTRICT bp, const void* HWY_RESTRICT bsrc, i
 // C[rows<=MR, cols<=NR] (=/+=) A @ bp[kc][NR], A the panel ap[MR][kc] (kRowPanel) or
 // ap[kc][MR]. add: C += acc; else C = acc (+ bias).
 template <bool kRowPanel>
-HWY_INLINE void MicroKernel(const float* HWY_RESTRICT ap, const float* HWY_RESTRICT bp, int kc,
-                            float* HWY_RESTRICT c, int64_t ldc, int rows, int cols, bool add,
-                            const float* HWY_RESTRICT bias) {
+HWY_INLINE void MicroKernel(const float* HWY_RESTRICT ap, int64_t lda, const float* HWY_RESTRICT bp,
+                            int kc, float* HWY_RESTRICT c, int64_t ldc, int rows, int cols,
+                            bool add, const float* HWY_RESTRICT bias) {
   const DF d;
   const int L = (int)hn::Lanes(d);
   const int NR = kNV * L;
@@ -194,7 +197,7 @@ HWY_INLINE void MicroKernel(const float* HWY_RESTRICT ap, const float* HWY_RESTR
     for (int v = 0; v < kNV; ++v) b[v] = hn::Load(d, bp + (int64_t)k * NR + v * L);
 #pragma GCC unroll 16
     for (int i = 0; i < kMR; ++i) {
-      const VF a = hn::Set(d, kRowPanel ? ap[i * kc + k] : ap[k * kMR + i]);
+      const VF a = hn::Set(d, kRowPanel ? ap[i * lda + k] : ap[k * kMR + i]);
 #pragma GCC unroll 4
       for (int v = 0; v < kNV; ++v) acc[i][v] = hn::MulAdd(a, b[v], acc[i][v]);
     }
@@ -228,6 +231,12 @@ HWY_INLINE void MicroKernel(const float* HWY_RESTRICT ap, const float* HWY_RESTR
   }
 }
 
+// Whether row-major A is read in place by the micro-kernel instead of packed: rows whose
+// stride puts MR of them in few L1 sets (multiples of 4 KiB) conflict with the B panel.
+inline bool DirectA(int64_t am) {
+  return (am * (int64_t)sizeof(float)) % 4096 != 0;
+}
+
 // C[m0:m1, n0:n1] (=/+=) A @ B (+ bias), A(m,k) = a[m*am + k*ak], B as kSrc. colsum
 // (kRowMajor, may be null): colsum[n0:n1) += column sums of B, by the range that holds row 0
 // (every column is in exactly one such range).
@@ -251,7 +260,9 @@ void GemmRange(float* c, const float* a, int64_t am, int64_t ak, const void* b, 
       PackB<kSrc>(bp, b, ldb, nc0, nc, k0, kc, colsum && m0 == 0 ? colsum + nc0 : nullptr);
       for (int mc0 = m0; mc0 < m1; mc0 += kMC) {
         const int mc = std::min(kMC, m1 - mc0);
-        PackA(ap, a, am, ak, mc0, mc, k0, kc);
+        // Row-major A with whole MR-row panels is read in place (rows am apart).
+        const bool direct = ak == 1 && mc % kMR == 0 && DirectA(am);
+        if (!direct) PackA(ap, a, am, ak, mc0, mc, k0, kc);
         for (int jp = 0; jp < nc; jp += NR) {
           const float* bpan = bp + (int64_t)jp * kc;
           const int cols = std::min(NR, nc - jp);
@@ -259,10 +270,13 @@ void GemmRange(float* c, const float* a, int64_t am, int64_t ak, const void* b, 
             float* ct = c + (int64_t)(mc0 + ip) * N + nc0 + jp;
             const int rows = std::min(kMR, mc - ip);
             const float* bt = bb ? bb + nc0 + jp : nullptr;
-            if (ak == 1)
-              MicroKernel<true>(ap + (int64_t)ip * kc, bpan, kc, ct, N, rows, cols, add, bt);
+            if (direct)
+              MicroKernel<true>(a + (int64_t)(mc0 + ip) * am + k0, am, bpan, kc, ct, N, rows, cols,
+                                add, bt);
+            else if (ak == 1)
+              MicroKernel<true>(ap + (int64_t)ip * kc, kc, bpan, kc, ct, N, rows, cols, add, bt);
             else
-              MicroKernel<false>(ap + (int64_t)ip * kc, bpan, kc, ct, N, rows, cols, add, bt);
+              MicroKernel<false>(ap + (int64_t)ip * kc, kc, bpan, kc, ct, N, rows, cols, add, bt);
           }
         }
       }
@@ -509,6 +523,28 @@ void BiasBackwardT(float* dbias, const float* dout, int M, int N) {
   });
 }
 
+// The micro-kernel's ceiling: its kMR x kNV independent accumulators, one FMA each per step
+// and nothing else, for `steps` steps. Returns a value that depends on every accumulator (so
+// the loop is not dropped) and the flops done.
+double FmaCeilingT(int64_t steps, float* sink) {
+  const DF d;
+  const VF b = hn::Set(d, 0.999999f), c = hn::Set(d, 1e-7f);
+  VF acc[kMR][kNV];
+  for (int i = 0; i < kMR; ++i)
+    for (int v = 0; v < kNV; ++v) acc[i][v] = hn::Set(d, float(i * kNV + v));
+  for (int64_t k = 0; k < steps; ++k) {
+#pragma GCC unroll 16
+    for (int i = 0; i < kMR; ++i)
+#pragma GCC unroll 4
+      for (int v = 0; v < kNV; ++v) acc[i][v] = hn::MulAdd(acc[i][v], b, c);
+  }
+  VF sum = hn::Zero(d);
+  for (int i = 0; i < kMR; ++i)
+    for (int v = 0; v < kNV; ++v) sum = hn::Add(sum, acc[i][v]);
+  *sink = hn::GetLane(hn::SumOfLanes(d, sum));
+  return 2.0 * double(steps) * kMR * kNV * double(hn::Lanes(d));
+}
+
 }  // namespace ptllm::cpu::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
@@ -521,6 +557,7 @@ HWY_EXPORT(MatmulAtbT);
 HWY_EXPORT(MatmulAtbBiasT);
 HWY_EXPORT(MatmulF16GemmT);
 HWY_EXPORT(BiasBackwardT);
+HWY_EXPORT(FmaCeilingT);
 
 void matmul(float* out, const float* in, const float* w, const float* bias, int M, int K, int N) {
   HWY_DYNAMIC_DISPATCH(MatmulT)(out, in, w, bias, M, K, N);
@@ -542,6 +579,26 @@ void matmulAtbBias(float* out, float* dbias, const float* a, const float* b, int
 void biasBackward(float* dbias, const float* dout, int M, int N) {
   if (M <= 0 || N <= 0) return;
   HWY_DYNAMIC_DISPATCH(BiasBackwardT)(dbias, dout, M, N);
+}
+
+double fmaCeilingGflops(double seconds) {
+  const int T = threadCount();
+  std::vector<double> gflops(static_cast<size_t>(T));
+  pool().run(T, [&](int t) {
+    float sink = 0;
+    int64_t steps = 1 << 16;
+    double secs = 0, flops = 0;
+    const auto t0 = std::chrono::steady_clock::now();
+    while (secs < seconds) {  // doubling batches until the thread has run `seconds`
+      flops += HWY_DYNAMIC_DISPATCH(FmaCeilingT)(steps, &sink);
+      secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      steps *= 2;
+    }
+    gflops[size_t(t)] = sink == sink ? flops / secs / 1e9 : 0.0;  // (sink is never NaN)
+  });
+  double total = 0;
+  for (double g : gflops) total += g;
+  return total;
 }
 
 void detail::matmulF16Gemm(float* out, const float* in, const uint16_t* w16, const float* bias,
