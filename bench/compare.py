@@ -52,6 +52,32 @@ def main():
             g16 = statistics.median(d["f16_weight_gbs"])
             line += f", f16 reads {g16:.1f} GB/s = {100 * g16 / bw:.0f}% of membw read {bw:.1f} GB/s ({th} threads)"
         print(line)
+    ceiling, _ = med(rows, "gflops", peer="ptllm", mode="fma_ceiling")
+    gemm = defaultdict(lambda: defaultdict(list))
+    for r in rows:
+        if r.get("mode") == "gemm":
+            for k in ("warm_gflops", "cold_gflops"):
+                gemm[(r["layer"], r["op"], r["M"], r["K"], r["N"])][(r["peer"], k)].append(float(r[k]))
+    if gemm and ceiling:
+        print(f"GEMMs of the bundled training step, GFLOP/s (median), FMA ceiling {ceiling:.1f} GFLOP/s:")
+    for (layer, op, M, K, N), d in gemm.items():
+        cell = {pk: statistics.median(v) for pk, v in d.items()}
+        ours = cell.get(("ptllm", "cold_gflops"))
+        blas = cell.get(("openblas", "cold_gflops"))
+        line = f"  {layer:6s} {op} {M}x{K}x{N}:"
+        if ours is not None:
+            line += f" ptllm warm {cell[('ptllm', 'warm_gflops')]:6.1f} cold {ours:6.1f}"
+            if ceiling:
+                line += f" ({100 * ours / ceiling:.0f}% of ceiling)"
+        if blas is not None:
+            line += f"  openblas cold {blas:6.1f}"
+            if ours is not None:
+                line += f"  ratio {ours / blas:.2f}x"
+        print(line)
+    step, _ = med(rows, "cold_ms", peer="ptllm", mode="gemm_step")
+    floor, _ = med(rows, "ceiling_ms", peer="ptllm", mode="gemm_step")
+    if step and floor:
+        print(f"  the step's GEMMs: {step:.1f} ms cold, {floor:.1f} ms at the FMA ceiling")
     gates = [float(r["all_gates_ms"]) for r in rows if r.get("mode") == "gates"]
     if gates:
         print(f"all gates at startup: {statistics.median(gates):.2f} ms (median of {len(gates)})")

@@ -9,7 +9,7 @@ ROOT=$(cd "$HERE/.." && pwd)
 REPS=${1:-3}
 TH=${2:-2}
 PEERS=${PEERS:-$ROOT/../shared/peers}
-ONLY=${ONLY:-membw matmul small bundled}
+ONLY=${ONLY:-membw matmul gemm small bundled}
 BIN=${BIN:-$ROOT/build/ptllm}
 PY=/usr/bin/python3
 want() { [[ " $ONLY " == *" $1 "* ]]; }
@@ -20,6 +20,12 @@ OUT="$ROOT/bench/results/cpu-$(date -u +%Y%m%d-%H%M).txt"
 LOG=$(mktemp /tmp/ptllm-bench.XXXXXX)
 NOENV="env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE -u OPENBLAS_NUM_THREADS -u OMP_NUM_THREADS"
 gcc -O3 -march=native -fopenmp -o /tmp/ptllm-peers/membw "$PEERS/membw.c"
+# OpenBLAS (what Debian's torch multiplies with) on the training step's GEMM shapes; its kernel
+# set is auto-detected, as torch's is (NOENV drops any OPENBLAS_CORETYPE of the environment).
+if want gemm; then
+  gcc -O2 -o /tmp/ptllm-peers/gemm_peer "$HERE/gemm_peer.c" -lopenblas ||
+    { echo "bench gemm: the OpenBLAS peer needs libopenblas-dev" >&2; exit 1; }
+fi
 SMALL="--n-layer 4 --n-head 4 --n-embd 128 --block-size 64"
 BUNDLED="--n-layer 4 --n-head 4 --n-embd 256 --block-size 256"
 T="$PY $PEERS/torch_chargpt.py"
@@ -30,6 +36,11 @@ T="$PY $PEERS/torch_chargpt.py"
 for r in $(seq "$REPS"); do
   want membw && $NOENV /tmp/ptllm-peers/membw --threads "1,$TH" --passes 10 | tee -a "$LOG"
   want matmul && "$BIN" --threads "$TH" bench matmul 2>/dev/null | tee -a "$LOG"
+  if want gemm; then
+    "$BIN" --threads "$TH" bench gemm $BUNDLED --batch-size 16 --iters 10 | tee -a "$LOG"
+    $NOENV OPENBLAS_NUM_THREADS="$TH" /tmp/ptllm-peers/gemm_peer --tokens 4096 --n-embd 256 \
+      --iters 10 | tee -a "$LOG"
+  fi
   for cfg in small bundled; do
     want $cfg || continue
     if [[ $cfg == small ]]; then A="$SMALL"; B=12; S=50; else A="$BUNDLED"; B=16; S=30; fi
