@@ -102,20 +102,26 @@ class GPT(nn.Module):
         return idx
 
 
-def bench_sample(tokens, n_layer, n_head, n_embd, block, vocab):
+def bench_sample(tokens, n_layer, n_head, n_embd, block, vocab, repeats):
+    """Greedy generation of `tokens` after a 6-token prompt, timed `repeats` times (the median is
+    tok_s, as ptllm's `bench sample --repeats` reports its median)."""
     torch.manual_seed(0)
     m = GPT(vocab, block, n_layer, n_head, n_embd).cuda().eval()
     prompt = torch.tensor([[1, 2, 3, 4, 5, 6]], device="cuda")
     m.generate(prompt, 5)  # warm-up
     torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    m.generate(prompt, tokens)
-    torch.cuda.synchronize()
-    secs = time.perf_counter() - t0
+    secs = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        m.generate(prompt, tokens)
+        torch.cuda.synchronize()
+        secs.append(time.perf_counter() - t0)
+    med = statistics.median(secs)
     params = sum(p.numel() for p in m.parameters()) - m.wpe.weight.numel()
     print(f"peer=torch mode=sample device=cuda n_layer={n_layer} n_head={n_head} n_embd={n_embd} "
-          f"block={block} params={params} tokens={tokens} secs={secs:.4f} "
-          f"tok_s={tokens / secs:.2f}", flush=True)
+          f"block={block} params={params} tokens={tokens} repeats={repeats} secs={med:.4f} "
+          f"secs_min={min(secs):.4f} secs_max={max(secs):.4f} tok_s={tokens / med:.2f} "
+          f"tok_s_best={tokens / min(secs):.2f}", flush=True)
 
 
 def main():
@@ -123,6 +129,7 @@ def main():
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--tokens", type=int, default=200)
     ap.add_argument("--no-gemm", action="store_true")
+    ap.add_argument("--repeats", type=int, default=5, help="timed generations (median reported)")
     a = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     print(f"# torch {torch.__version__} on {torch.cuda.get_device_name(0)}", flush=True)
@@ -131,7 +138,7 @@ def main():
         bench_gemv(n, a.iters)
     if not a.no_gemm:
         bench_gemm(8192, max(5, a.iters // 4))
-    bench_sample(a.tokens, 4, 4, 256, 256, 65)
+    bench_sample(a.tokens, 4, 4, 256, 256, 65, max(1, a.repeats))
 
 
 if __name__ == "__main__":
