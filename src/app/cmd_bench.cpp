@@ -207,8 +207,8 @@ void benchMatmul(const GlobalOptions& g, int iters) {
 // FMA ceiling measured in the same run. "warm": the same operands back to back (they stay in
 // cache); "cold": rotating over copies (>= 256 MiB a shape), as the step finds them in memory.
 // bench/gemm_peer.c prints OpenBLAS's figures for the same shapes (bench/run_bench.sh).
-void benchGemm(const ModelArgs& a, int batch, int iters) {
-  const int T = batch * a.cfg.blockSize, C = a.cfg.nEmbd;
+void benchGemm(const ModelArgs& a, int iters) {
+  const int T = a.batch * a.cfg.blockSize, C = a.cfg.nEmbd;
   if (T < 1 || C < 1) fail("bench gemm: --batch-size x --block-size and --n-embd must be >= 1");
   const double ceiling = cpu::fmaCeilingGflops(0.5);
   std::printf("peer=ptllm mode=fma_ceiling threads=%d gflops=%.1f simd=%s\n", threadCount(),
@@ -323,7 +323,7 @@ void addBenchCommand(CLI::App& app, GlobalOptions& g) {
   gemm->add_option("--iters", *iters)->capture_default_str();
   gemm->callback([a, iters, &g] {
     g.apply();
-    benchGemm(*a, a->batch, *iters);
+    benchGemm(*a, *iters);
   });
   addCudaBenchSubcommand(cmd, g);
 }
