@@ -225,11 +225,15 @@ void Gpt2::ensureActs(int B, int T) {
   a.losses = ops_.alloc({BT});
 }
 
+void Gpt2::checkTokens(const int32_t* ids, int64_t n) const {
+  for (int64_t i = 0; i < n; ++i)
+    if (ids[i] < 0 || ids[i] >= cfg_.vocabSize)
+      fail("token id {} outside the vocabulary of {}", ids[i], cfg_.vocabSize);
+}
+
 float Gpt2::forward(const int32_t* inputs, const int32_t* targets, int B, int T) {
   if (T < 1 || T > cfg_.blockSize) fail("sequence length {} is outside 1..{}", T, cfg_.blockSize);
-  for (int64_t i = 0; i < int64_t(B) * T; ++i)
-    if (inputs[i] < 0 || inputs[i] >= cfg_.vocabSize)
-      fail("token id {} outside the vocabulary of {}", inputs[i], cfg_.vocabSize);
+  checkTokens(inputs, int64_t(B) * T);
   ensureActs(B, T);
   Acts& a = *acts_;
   const int M = B * T, C = cfg_.nEmbd, NH = cfg_.nHead, V = cfg_.vocabSize;
@@ -420,9 +424,7 @@ void Gpt2::forwardCached(const int32_t* tokens, int n, float* logitsOut) {
   if (n < 1 || cachePos_ + n > cfg_.blockSize)
     fail("cannot run {} tokens after {} cached: the context holds {}", n, cachePos_,
          cfg_.blockSize);
-  for (int i = 0; i < n; ++i)
-    if (tokens[i] < 0 || tokens[i] >= cfg_.vocabSize)
-      fail("token id {} outside the vocabulary of {}", tokens[i], cfg_.vocabSize);
+  checkTokens(tokens, n);
   ensureCache();
   usedStepGraph_ = false;
   usedFusedStep_ = usedFusedForm_ = 0;
@@ -546,8 +548,7 @@ bool Gpt2::decodeGreedy(int32_t first, int n, const std::function<void(int32_t)>
   if (n < 1 || cachePos_ + n > cfg_.blockSize)
     fail("cannot decode {} tokens after {} cached: the context holds {}", n, cachePos_,
          cfg_.blockSize);
-  if (first < 0 || first >= cfg_.vocabSize)
-    fail("token id {} outside the vocabulary of {}", first, cfg_.vocabSize);
+  checkTokens(&first, 1);
   if (!canDecodeGreedy()) return false;
   ensureCache();
   usedStepGraph_ = false;

@@ -159,6 +159,7 @@ class Gpt2 {
   struct Layer;
   struct Acts;
   void buildParams();
+  void checkTokens(const int32_t* ids, int64_t n) const;  // each in [0, vocabSize), or fail
   void linear(Linear& l, float* out, const float* in, int M, const PathEntry* path);
   void pack(Linear& l, const PathEntry* path);
   void linearBackward(Linear& l, float* dIn, const float* dOut, const float* in, int M);
