@@ -301,7 +301,7 @@ void addBenchCommand(CLI::App& app, GlobalOptions& g) {
       ->capture_default_str();
   sample
       ->add_option("--decode-form", a->decodeForm,
-                   "always the fused decode launch, in this form (1, 2; 0: the fastest form, "
+                   "always the fused decode launch, in this form (1, 2, 3; 0: the fastest form, "
                    "timed on the first step)")
       ->capture_default_str()
       ->check(CLI::Range(0, 8));

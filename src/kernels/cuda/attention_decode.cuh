@@ -94,8 +94,9 @@ inline __device__ void queryAnyHs(Smem& sm, float* out, float* attRow, const flo
 
 // queryAnyHs for a head size known at compile time (a multiple of 32) and 16-byte aligned
 // rows: the same arithmetic in the same order, only the loads differ — a thread's whole key row
-// in flight at once (float4), and 8 keys' values in flight per warp — so the scores and the
-// value sums wait for one memory round trip instead of one per few channels.
+// in flight at once (float4), and kValueAhead keys' values in flight per warp — so the scores
+// and the value sums wait for one memory round trip instead of one per few channels.
+constexpr int kValueAhead = 16;  // Tk <= 128: every value row a warp sums in one round trip
 template <int HS>
 __device__ void queryFixedHs(Smem& sm, float* out, float* attRow, const float* base, int64_t stride,
                              int Tk, int C, int hs) {
@@ -125,12 +126,23 @@ __device__ void queryFixedHs(Smem& sm, float* out, float* attRow, const float* b
   float acc[HS / 32];
 #pragma unroll
   for (int r = 0; r < HS / 32; ++r) acc[r] = 0.0f;
-#pragma unroll 8
-  for (int j = warp; j < Tk; j += kWarps) {
-    const float* v = base + j * stride + 2 * C;
-    const float p = sm.s[j];
+  for (int j0 = warp; j0 < Tk; j0 += kWarps * kValueAhead) {
+    float v[kValueAhead][HS / 32];
 #pragma unroll
-    for (int r = 0; r < HS / 32; ++r) acc[r] = fmaf(p, v[lane + 32 * r], acc[r]);
+    for (int i = 0; i < kValueAhead; ++i) {
+      const int j = j0 + kWarps * i;
+#pragma unroll
+      for (int r = 0; r < HS / 32; ++r)
+        v[i][r] = j < Tk ? base[j * stride + 2 * C + lane + 32 * r] : 0.0f;
+    }
+#pragma unroll
+    for (int i = 0; i < kValueAhead; ++i) {
+      const int j = j0 + kWarps * i;
+      if (j >= Tk) break;
+      const float p = sm.s[j];
+#pragma unroll
+      for (int r = 0; r < HS / 32; ++r) acc[r] = fmaf(p, v[i][r], acc[r]);
+    }
   }
 #pragma unroll
   for (int r = 0; r < HS / 32; ++r) sm.partial[warp][lane + 32 * r] = acc[r];

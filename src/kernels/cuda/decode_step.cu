@@ -236,22 +236,52 @@ __device__ void head(const StepSmem& sm, const StepParams& p) {
   }
 }
 
-// ---- the profile (PTLLM_DECODE_PROFILE=1): clock64 deltas of thread 0, per point and block ----
-// Points, summed over layers: 0 LayerNorm 1 (with the embedding or the row load), 1 qkv,
-// 2 barrier, 3 attention, 4 barrier, 5 proj (with its row load), 6 barrier, 7 LayerNorm 2,
-// 8 fc, 9 barrier, 10 fcProj (with its row load), 11 barrier, 12 final LayerNorm, 13 head.
-// (In the second form a barrier's point also holds the loads issued before it.)
-// Slot kProfPoints * kMaxCluster counts the launches.
+// ---- the profile (PTLLM_DECODE_PROFILE=1): a timeline of thread 0 of every block ----
+// Each stamp records clock64 since the block's start into shared memory (no memory traffic
+// inside the step, so the stamps do not hold back the barriers' release); the launch's end adds
+// the marks into a device buffer, per mark and block. A mark's point names the phase that
+// ended there; the printout gives every mark's time (block 0, earliest and latest block) and
+// the points summed over layers.
+// Points: 0 LayerNorm 1 (with the embedding or the row load), 1 qkv, 2 barrier, 3 attention,
+// 4 barrier, 5 proj (with its row load), 6 barrier, 7 LayerNorm 2, 8 fc, 9 barrier, 10 fcProj
+// (with its row load), 11 barrier, 12 final LayerNorm, 13 head.
 constexpr int kProfPoints = 14;
-constexpr int kProfSlots = kProfPoints * kMaxCluster + 1;
+constexpr int kTraceMarks = 128;  // marks kept per launch (12 per layer, 3 more)
+// Buffer: sums [kTraceMarks][kMaxCluster], the marks' points [kTraceMarks], the mark count,
+// the launch count.
+constexpr int kProfIds = kTraceMarks * kMaxCluster;
+constexpr int kProfSlots = kProfIds + kTraceMarks + 2;
 
-__device__ __forceinline__ void stamp(const StepParams& p, long long& t, int point) {
-  if (p.prof && threadIdx.x == 0) {
-    const long long now = clock64();
-    atomicAdd(p.prof + point * kMaxCluster + blockIdx.x, (unsigned long long)(now - t));
-    t = now;
+struct Trace {
+  long long t0;
+  int n;
+  long long* ts;
+  unsigned char* ids;
+};
+
+__device__ __forceinline__ void stamp(const StepParams& p, Trace& t, int point) {
+  if (p.prof && threadIdx.x == 0 && t.n < kTraceMarks) {
+    t.ts[t.n] = clock64() - t.t0;
+    t.ids[t.n] = static_cast<unsigned char>(point);
+    ++t.n;
   }
 }
+
+__device__ void flushTrace(const StepParams& p, const Trace& t) {
+  if (!p.prof || threadIdx.x != 0) return;
+  for (int i = 0; i < t.n; ++i)
+    atomicAdd(p.prof + i * kMaxCluster + blockIdx.x, (unsigned long long)t.ts[i]);
+  if (blockIdx.x == 0) {
+    for (int i = 0; i < t.n; ++i) p.prof[kProfIds + i] = t.ids[i];
+    p.prof[kProfIds + kTraceMarks] = (unsigned long long)t.n;
+    atomicAdd(p.prof + kProfSlots - 1, 1ull);
+  }
+}
+
+#define PTLLM_DECODE_TRACE(t)                     \
+  __shared__ long long traceTs[kTraceMarks];      \
+  __shared__ unsigned char traceIds[kTraceMarks]; \
+  Trace t = {p.prof ? clock64() : 0, 0, traceTs, traceIds}
 
 // ---- the second form (the default): rows in distributed shared memory, loads before barriers --
 // Same phases, barriers and per-element arithmetic as decodeStepKernel; what moves is where the
@@ -277,27 +307,27 @@ __host__ __device__ constexpr int hbFloats(int C) {
              : int((sizeof(decode::Smem) + 15) / 16 * 4);
 }
 __host__ __device__ constexpr int smem2Floats(int C) {
-  return 2 * rowFloats(C) + hbFloats(C) + kWarps * 33 + 4;
+  return 2 * rowFloats(C) + hbFloats(C) + kWarps * 33;
 }
 
 __device__ __forceinline__ int f16Vpl(int K) {
   const int nvec = (K + 63) / 64 * 64 / perVec<Fmt::F16>();
   return nvec <= 32 ? 1 : nvec <= 64 ? 2 : nvec <= 128 ? 4 : 8;
 }
-// Columns per warp at a time: enough that every warp of the cluster has one when N allows,
-// at most kGemvLoads / VPL. A column's arithmetic does not depend on it (lane l sums vectors
-// l, l+32, ... in order whatever the schedule).
+// Columns per warp at a time: the fewest that give every warp of the cluster its share of N
+// (ceil(N / warps), rounded up to an instantiated count: 1, 2, 3, 4, 6, 8), at most
+// kGemvLoads / VPL. A column's arithmetic does not depend on it (lane l sums vectors
+// l, l+32, ... in order whatever the schedule); fewer columns per warp is a shorter phase (the
+// bundled qkv: 6 columns on each of 128 warps, where 8 left a quarter of them idle).
 __device__ __forceinline__ int f16Cb(int K, int N) {
   const int W = int(gridDim.x) * kWarps, most = kGemvLoads / f16Vpl(K);
-  int cb = 1;
-  while (cb < most && cb * W < N) cb *= 2;
-  return cb;
+  const int want = min(most, (N + W - 1) / W);
+  return want <= 4 ? max(want, 1) : want <= 6 ? 6 : 8;
 }
 
 struct Rows {
   float *xs, *lnY, *hb;
   float (*red)[33];
-  float* stats;
 };
 
 // A LayerNorm's w and b for this thread's channels (c = threadIdx.x + kThreads * i), read
@@ -316,18 +346,12 @@ __device__ __forceinline__ LnParams loadLn(const float* w, const float* b, int C
   return q;
 }
 
-// dst = LayerNorm(src) (layernormRow's arithmetic), every thread of the block.
-__device__ void layernormTo(const Rows& r, float* dst, const float* src, const LnParams& q, int C) {
-  if (threadIdx.x < 32) {
-    float mu, rs;
-    layernormRowStats(src, C, threadIdx.x, mu, rs);
-    if (threadIdx.x == 0) {
-      r.stats[0] = mu;
-      r.stats[1] = rs;
-    }
-  }
-  __syncthreads();
-  const float mu = r.stats[0], rs = r.stats[1];
+// dst = LayerNorm(src) (layernormRow's arithmetic), every thread of the block. Every warp
+// computes the statistics itself (the same function on the same row: the same bits), so no
+// block barrier and shared-memory hand-off separates them from the normalisation.
+__device__ void layernormTo(float* dst, const float* src, const LnParams& q, int C) {
+  float mu, rs;
+  layernormRowStats(src, C, int(threadIdx.x & 31), mu, rs);
 #pragma unroll
   for (int i = 0; i < kMaxC / kThreads; ++i) {
     const int c = int(threadIdx.x) + kThreads * i;
@@ -420,11 +444,15 @@ __device__ void gemvF16L1(cg::cluster_group& cl, const float* xs, const unsigned
       }
     }
     if (!active) break;
+    // Every column's butterfly sum before any store: the sums are independent chains that
+    // overlap, where a store's branches between them would serialise CB chains of 5 shuffles.
+    float sum[CB];
+#pragma unroll
+    for (int c = 0; c < CB; ++c) sum[c] = warpSum(acc[c]);
 #pragma unroll
     for (int c = 0; c < CB; ++c) {
       const int n = n0 + c;
-      const float sum = warpSum(acc[c]);
-      if (n < N) storeWarp(cl, d, n, fmaf(sum, 1.f, bs[c]), lane);
+      if (n < N) storeWarp(cl, d, n, fmaf(sum[c], 1.f, bs[c]), lane);
     }
   }
 }
@@ -506,8 +534,14 @@ __device__ void linear2(cg::cluster_group& cl, const Rows& r, const float* xs, c
       case 16 + 2:
         gemvF16L1<1, 2>(cl, xs, w, l.b, K, N, d, pre);
         break;
+      case 16 + 3:
+        gemvF16L1<1, 3>(cl, xs, w, l.b, K, N, d, pre);
+        break;
       case 16 + 4:
         gemvF16L1<1, 4>(cl, xs, w, l.b, K, N, d, pre);
+        break;
+      case 16 + 6:
+        gemvF16L1<1, 6>(cl, xs, w, l.b, K, N, d, pre);
         break;
       case 16 + 8:
         gemvF16L1<1, 8>(cl, xs, w, l.b, K, N, d, pre);
@@ -517,6 +551,9 @@ __device__ void linear2(cg::cluster_group& cl, const Rows& r, const float* xs, c
         break;
       case 32 + 2:
         gemvF16L1<2, 2>(cl, xs, w, l.b, K, N, d, pre);
+        break;
+      case 32 + 3:
+        gemvF16L1<2, 3>(cl, xs, w, l.b, K, N, d, pre);
         break;
       case 32 + 4:
         gemvF16L1<2, 4>(cl, xs, w, l.b, K, N, d, pre);
@@ -535,6 +572,11 @@ __device__ void linear2(cg::cluster_group& cl, const Rows& r, const float* xs, c
   }
 }
 
+// kSplit (form 3): every barrier that a linear's early loads sit behind is split into its
+// arrive, before those loads are issued, and its wait, where form 2 has the whole barrier, so
+// the arrive's release has only the phase's own stores to complete. Measured on the H200: the
+// f16-storage step 88.1 -> 85.0 us (bench/results/cuda-20261203-1820-timeline.txt).
+template <bool kSplit>
 __global__ void __launch_bounds__(kThreads, 1)
     decodeStepKernel2(const __grid_constant__ StepParams p) {
   extern __shared__ float4 dynSmem[];
@@ -546,11 +588,19 @@ __global__ void __launch_bounds__(kThreads, 1)
   r.lnY = base + rowFloats(C);
   r.hb = base + 2 * rowFloats(C);
   r.red = reinterpret_cast<float(*)[33]>(r.hb + hbFloats(C));
-  r.stats = r.hb + hbFloats(C) + kWarps * 33;
   decode::Smem& att = *reinterpret_cast<decode::Smem*>(r.hb);
   cg::cluster_group cl = cg::this_cluster();
-  long long t = p.prof ? clock64() : 0;
-  if (p.prof && threadIdx.x == 0 && blockIdx.x == 0) atomicAdd(p.prof + kProfSlots - 1, 1ull);
+  // Form 2: the whole barrier at wait(); form 3: arrive() where the phase's stores end.
+  auto arrive = [] {
+    if constexpr (kSplit) asm volatile("barrier.cluster.arrive.aligned;\n" ::: "memory");
+  };
+  auto wait = [&cl] {
+    if constexpr (kSplit)
+      asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
+    else
+      cl.sync();
+  };
+  PTLLM_DECODE_TRACE(t);
 
   // x = wte[tok] + wpe[pos] in every block (block 0 also stores the global x).
   for (int c = threadIdx.x; c < C; c += kThreads) {
@@ -562,16 +612,20 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Each linear's weights, biases and the LayerNorm parameters before it are read ahead of the
   // barrier that precedes it (pre(): barrier, then the LayerNorm); the rows never leave the
   // blocks' shared memory.
+  // One copy of the layer's code (not peeled): the step is bound by latency, and every copy
+  // of its ~50k instructions is fetched cold once per step.
+#pragma unroll 1
   for (int l = 0; l < p.nLayer; ++l) {
     const StepLayer& L = p.layers[l];
     {
+      if (l > 0) arrive();
       const LnParams ln = loadLn(L.ln1w, L.ln1b, C);
       linear2(cl, r, r.lnY, L.attn, C, 3 * C, {Epi::Store, L.cache + pos * stride, nullptr}, [&] {
         if (l > 0) {
-          cl.sync();
+          wait();
           stamp(p, t, 11);
         }
-        layernormTo(r, r.lnY, r.xs, ln, C);
+        layernormTo(r.lnY, r.xs, ln, C);
         stamp(p, t, 0);
       });
     }
@@ -588,29 +642,33 @@ __global__ void __launch_bounds__(kThreads, 1)
       __syncthreads();  // att is reused by the next head
     }
     stamp(p, t, 3);
+    arrive();
     linear2(cl, r, r.lnY, L.proj, C, C, {Epi::Residual, p.x, r.xs}, [&] {
-      cl.sync();
+      wait();
       stamp(p, t, 4);
     });
     stamp(p, t, 5);
     {
+      arrive();
       const LnParams ln = loadLn(L.ln2w, L.ln2b, C);
       linear2(cl, r, r.lnY, L.fc, C, 4 * C, {Epi::Gelu, p.h, r.hb}, [&] {
-        cl.sync();
+        wait();
         stamp(p, t, 6);
-        layernormTo(r, r.lnY, r.xs, ln, C);
+        layernormTo(r.lnY, r.xs, ln, C);
         stamp(p, t, 7);
       });
     }
     stamp(p, t, 8);
+    arrive();
     linear2(cl, r, r.hb, L.fcProj, 4 * C, C, {Epi::Residual, p.x, r.xs}, [&] {
-      cl.sync();
+      wait();
       stamp(p, t, 9);
     });
     stamp(p, t, 10);
   }
   // The head's first rows (a warp per vocabulary row, lanes over k) and the final LayerNorm's
   // parameters, read before the last barrier.
+  if (p.nLayer > 0) arrive();
   const LnParams lnf = loadLn(p.lnfw, p.lnfb, C);
   const int lane = threadIdx.x & 31;
   const int gw = blockIdx.x * kWarps + (threadIdx.x >> 5), W = gridDim.x * kWarps;
@@ -622,10 +680,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     hr[i] = gw < p.V && k < C ? __ldg(p.wte + (int64_t)gw * C + k) : 0.f;
   }
   if (p.nLayer > 0) {
-    cl.sync();
+    wait();
     stamp(p, t, 11);
   }
-  layernormTo(r, r.lnY, r.xs, lnf, C);
+  layernormTo(r.lnY, r.xs, lnf, C);
   stamp(p, t, 12);
   for (int n = gw; n < p.V; n += W) {
     const float* brow = p.wte + (int64_t)n * C;
@@ -642,6 +700,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (lane == 0) p.logits[n] = s;
   }
   stamp(p, t, 13);
+  flushTrace(p, t);
 }
 
 __global__ void __launch_bounds__(kThreads, 1)
@@ -650,8 +709,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   cg::cluster_group cluster = cg::this_cluster();
   const int C = p.C, tok = p.step[0], pos = p.step[1], hs = C / p.NH;
   const int64_t stride = 3 * (int64_t)C;
-  long long t = p.prof ? clock64() : 0;
-  if (p.prof && threadIdx.x == 0 && blockIdx.x == 0) atomicAdd(p.prof + kProfSlots - 1, 1ull);
+  PTLLM_DECODE_TRACE(t);
   for (int l = 0; l < p.nLayer; ++l) {
     const StepLayer& L = p.layers[l];
     if (l == 0)
@@ -698,6 +756,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   stamp(p, t, 12);
   head(sm, p);
   stamp(p, t, 13);
+  flushTrace(p, t);
 }
 
 cudaLaunchConfig_t clusterLaunch(int blocks, cudaLaunchAttribute* attr) {
@@ -720,12 +779,14 @@ StepLinear stepLinear(const Ops::DecodeLinear& l) {
 }
 
 // The forms (Ops::DecodeStepArgs::form): 1 is decodeStepKernel (rows shared through L2), 2
-// decodeStepKernel2 (rows in every block's shared memory), the default.
-constexpr int kForms = 2, kDefaultForm = 2;
+// decodeStepKernel2 (rows in every block's shared memory), the default, 3 the same with its
+// barriers split around the early loads.
+constexpr int kForms = 3, kDefaultForm = 2;
 
 const void* formKernel(int form) {
-  return form == 1 ? reinterpret_cast<const void*>(decodeStepKernel)
-                   : reinterpret_cast<const void*>(decodeStepKernel2);
+  return form == 1   ? reinterpret_cast<const void*>(decodeStepKernel)
+         : form == 2 ? reinterpret_cast<const void*>(decodeStepKernel2<false>)
+                     : reinterpret_cast<const void*>(decodeStepKernel2<true>);
 }
 
 size_t smemBytes(int form, int C) {
@@ -733,9 +794,11 @@ size_t smemBytes(int form, int C) {
 }
 
 // PTLLM_DECODE_PROFILE=1: a device buffer of kProfSlots counters that every launch adds its
-// phase times to; printed to stderr at exit (per launch: block 0's and the slowest block's).
+// timeline to; printed to stderr at exit, averaged over the launches. Force one form and one
+// cluster size (bench sample --decode-form N) for a timeline that means something.
 unsigned long long* gProf = nullptr;
-int gProfForms = 0;  // bit f-1: form f was launched (the profile adds up every launch)
+int gProfForms = 0;   // bit f-1: form f was launched (the profile adds up every launch)
+int gProfBlocks = 0;  // the largest cluster launched
 
 void printProfile() {
   std::vector<unsigned long long> h(kProfSlots);
@@ -746,25 +809,42 @@ void printProfile() {
   cudaGetDevice(&dev);
   cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, dev);
   const double n = double(h[kProfSlots - 1]);
-  if (n <= 0 || khz <= 0) return;
+  const int marks = int(std::min<unsigned long long>(h[kProfIds + kTraceMarks], kTraceMarks));
+  const int blocks = std::min(gProfBlocks, kMaxCluster);
+  if (n <= 0 || khz <= 0 || blocks <= 0) return;
   static const char* names[kProfPoints] = {
       "ln1 (+row/embed)", "qkv", "barrier", "attention",     "barrier", "proj (+row)", "barrier",
       "ln2 (+row)",       "fc",  "barrier", "fcProj (+row)", "barrier", "final ln",    "head"};
+  auto us = [&](int mark, int block) {
+    return double(h[size_t(mark) * kMaxCluster + size_t(block)]) / n / (khz * 1e-3);
+  };
   std::fprintf(stderr,
-               "[decode profile] forms launched (bits) %d, %.0f launches, clock %d MHz; us per "
-               "launch\n",
-               gProfForms, n, khz / 1000);
-  double total0 = 0;
-  for (int i = 0; i < kProfPoints; ++i) {
-    const double b0 = double(h[size_t(i) * kMaxCluster]) / n / (khz * 1e-3);
-    double mx = 0;
-    for (int b = 0; b < kMaxCluster; ++b)
-      mx = std::max(mx, double(h[size_t(i) * kMaxCluster + b]) / n / (khz * 1e-3));
-    total0 += b0;
-    std::fprintf(stderr, "[decode profile] %2d %-17s block0 %7.2f  max %7.2f\n", i, names[i], b0,
-                 mx);
+               "[decode profile] forms launched (bits) %d, %.0f launches, %d blocks, clock %d "
+               "MHz; us since the block's start (thread 0), mean per launch\n",
+               gProfForms, n, blocks, khz / 1000);
+  std::vector<double> sum0(kProfPoints, 0.0), sumMax(kProfPoints, 0.0);
+  double prev0 = 0, prevMax = 0;
+  for (int i = 0; i < marks; ++i) {
+    const int point = int(h[size_t(kProfIds) + size_t(i)]) % kProfPoints;
+    double lo = us(i, 0), hi = lo;
+    for (int b = 1; b < blocks; ++b) {
+      lo = std::min(lo, us(i, b));
+      hi = std::max(hi, us(i, b));
+    }
+    std::fprintf(stderr,
+                 "[decode profile] mark %3d %-17s block0 %7.2f  first %7.2f  last %7.2f  "
+                 "(+%.2f)\n",
+                 i, names[point], us(i, 0), lo, hi, hi - prevMax);
+    sum0[size_t(point)] += us(i, 0) - prev0;
+    sumMax[size_t(point)] += hi - prevMax;
+    prev0 = us(i, 0);
+    prevMax = hi;
   }
-  std::fprintf(stderr, "[decode profile] total (block 0) %.2f us\n", total0);
+  for (int i = 0; i < kProfPoints; ++i)
+    std::fprintf(stderr, "[decode profile] %2d %-17s block0 %7.2f  last block %7.2f\n", i, names[i],
+                 sum0[size_t(i)], sumMax[size_t(i)]);
+  std::fprintf(stderr, "[decode profile] total: block0 %.2f us, last block %.2f us\n", prev0,
+               prevMax);
 }
 
 unsigned long long* profileBuffer() {
@@ -870,7 +950,10 @@ int launchDecodeStep(const Ops::DecodeStepArgs& a) {
   cfg.dynamicSmemBytes = smemBytes(form, a.C);
   void* params[] = {&p};
   PTLLM_CUDA_CHECK(cudaLaunchKernelExC(&cfg, formKernel(form), params));
-  if (p.prof) gProfForms |= 1 << (form - 1);
+  if (p.prof) {
+    gProfForms |= 1 << (form - 1);
+    gProfBlocks = std::max(gProfBlocks, blocks);
+  }
   return blocks;
 }
 
