@@ -1,6 +1,7 @@
-// Hopper's asynchronous copies into shared memory and the mbarriers they complete on (sm_90
-// PTX), for kernels that stream operands without registers in between: the wgmma GEMM's TMA
-// tiles (matmul_tensor_core_sm90a.cu). (A GEMV that bulk-copied its rows into shared memory
+// Asynchronous copies into shared memory (sm_80 cp.async; sm_90 TMA and the mbarriers it
+// completes on), for kernels that stream operands without registers in between: the mma.sync
+// GEMM's tiles (matmul_tensor_core.cu) and the wgmma GEMM's TMA tiles
+// (matmul_tensor_core_sm90a.cu). (A GEMV that bulk-copied its rows into shared memory
 // measured slower than the register schedules: docs/performance.md, run 10.)
 #pragma once
 
@@ -12,6 +13,22 @@ namespace ptllm::cuda::async {
 
 __device__ inline uint32_t smemAddr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// ---- per-thread 16-byte copies (cp.async.cg: through L2), completing per thread ----
+// valid == false writes 16 zero bytes instead.
+__device__ inline void cpAsync16(void* dst, const void* src, bool valid = true) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smemAddr(dst)), "l"(src),
+               "r"(valid ? 16 : 0)
+               : "memory");
+}
+__device__ inline void cpAsyncCommit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+// Waits until at most N of this thread's committed groups are still in flight.
+template <int N>
+__device__ inline void cpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
 // ---- mbarriers ----

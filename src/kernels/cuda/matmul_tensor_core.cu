@@ -12,6 +12,7 @@
 #include <mutex>
 #include <tuple>
 
+#include "kernels/cuda/async_copy.cuh"
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_paths.h"
 #include "kernels/cuda/matmul_tensor_core_sm90a.h"
@@ -63,20 +64,11 @@ constexpr int kLds = kBK + 8;  // padded row (80 bytes): ldmatrix rows hit disti
 constexpr int kGroupM = 8;     // grouped block order: 8 row-tiles share the B tiles in L2
 constexpr size_t kMmaSmem = size_t(kStages) * (kBM + kBN) * kLds * sizeof(__half);
 
-__device__ inline uint32_t smemAddr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-__device__ inline void cpAsync16(void* dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smemAddr(dst)), "l"(src),
-               "r"(valid ? 16 : 0));
-}
-__device__ inline void cpAsyncCommit() {
-  asm volatile("cp.async.commit_group;\n" ::);
-}
-template <int N>
-__device__ inline void cpAsyncWait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
+using async::cpAsync16;
+using async::cpAsyncCommit;
+using async::cpAsyncWait;
+using async::smemAddr;
+
 __device__ inline void ldmatrixX4(uint32_t (&r)[4], const void* p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
