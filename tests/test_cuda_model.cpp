@@ -145,7 +145,8 @@ TEST_F(CudaModel, DeviceGreedyRunsEqualTheHostLoop) {
     EXPECT_EQ(host.first, device.first);
     EXPECT_EQ(host.second, device.second);
 
-    const int V = m.config().vocabSize, n = 40;
+    // Two full recorded runs (Gpt2::kGreedyRunSteps steps each) and a tail replayed per token.
+    const int V = m.config().vocabSize, n = 2 * Gpt2::kGreedyRunSteps + 6;
     std::vector<float> logits(static_cast<size_t>(V)), last(logits.size());
     m.resetCache();
     m.forwardCached(prompt.data(), int(prompt.size()), logits.data());
@@ -165,6 +166,18 @@ TEST_F(CudaModel, DeviceGreedyRunsEqualTheHostLoop) {
       ASSERT_EQ(picks[size_t(k)], fed) << "pick " << k;
     }
     EXPECT_EQ(std::memcmp(logits.data(), last.data(), logits.size() * sizeof(float)), 0);
+
+    // The same run without the recorded runs (the step replayed and the pick queued per token).
+    m.setGreedyRunGraphs(false);
+    m.resetCache();
+    m.forwardCached(prompt.data(), int(prompt.size()), logits.data());
+    std::vector<int32_t> perToken;
+    std::vector<float> lastPerToken(logits.size());
+    ASSERT_TRUE(m.decodeGreedy(
+        first, n, [&](int32_t t) { perToken.push_back(t); }, lastPerToken.data()));
+    m.setGreedyRunGraphs(true);
+    EXPECT_EQ(perToken, picks);
+    EXPECT_EQ(std::memcmp(lastPerToken.data(), last.data(), last.size() * sizeof(float)), 0);
   }
 }
 

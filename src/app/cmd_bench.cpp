@@ -33,6 +33,7 @@ struct ModelArgs {
   // with step graphs (fused, or the op kernels recorded) and the fused launch's cluster size.
   int repeats = 1, decodeCluster = 0, decodeForm = 0;
   bool fusedStep = true;
+  bool greedyRunGraph = true;
   ModelArgs() {
     cfg.nLayer = 4;
     cfg.nHead = 4;
@@ -97,6 +98,7 @@ void benchSample(const ModelArgs& a, const GlobalOptions& g) {
                                 : a.decodeCluster > 0 || a.decodeForm > 0 ? Gpt2::FusedSteps::On
                                                                           : Gpt2::FusedSteps::Auto;
   m.setFusedSteps(form, a.decodeCluster, a.decodeForm);
+  m.setGreedyRunGraphs(a.greedyRunGraph);
   m.prepareForInference();
   Generator gen(m);
   SampleOptions o;
@@ -118,7 +120,9 @@ void benchSample(const ModelArgs& a, const GlobalOptions& g) {
   const double stepUs = m.usedStepGraph() ? m.recordedStepMicros() : 0;
   std::printf(
       "peer=ptllm mode=sample device=%s n_layer=%d n_head=%d n_embd=%d block=%d threads=%d "
-      "path=%s step_graph=%d step_form=%s fused_blocks=%d fused_form=%d params=%lld tokens=%d "
+      "path=%s step_graph=%d step_form=%s fused_blocks=%d fused_form=%d greedy_graph=%d "
+      "params=%lld "
+      "tokens=%d "
       "repeats=%zu "
       "secs=%.4f secs_min=%.4f us_token=%.1f tok_s=%.2f step_us=%.1f\n",
       e.ops->name(), a.cfg.nLayer, a.cfg.nHead, a.cfg.nEmbd, a.cfg.blockSize, threadCount(),
@@ -126,8 +130,8 @@ void benchSample(const ModelArgs& a, const GlobalOptions& g) {
       form == Gpt2::FusedSteps::Auto ? "auto"
       : form == Gpt2::FusedSteps::On ? "fused"
                                      : "ops",
-      m.usedFusedStep(), m.usedFusedForm(), (long long)m.numParams(), a.tokens, secs.size(), med,
-      secs.front(), med / a.tokens * 1e6, a.tokens / med, stepUs);
+      m.usedFusedStep(), m.usedFusedForm(), int(a.greedyRunGraph), (long long)m.numParams(),
+      a.tokens, secs.size(), med, secs.front(), med / a.tokens * 1e6, a.tokens / med, stepUs);
 }
 
 // Median seconds of fn over `iters` calls after 3 warm-ups.
@@ -294,6 +298,9 @@ void addBenchCommand(CLI::App& app, GlobalOptions& g) {
   sample->add_flag("!--no-fused-step", a->fusedStep,
                    "record the op kernels per decode step (default: the faster of them and "
                    "the fused launch, timed on the first step)");
+  sample->add_flag("!--no-greedy-run-graph", a->greedyRunGraph,
+                   "replay the decode step and queue the pick per token (default: one graph "
+                   "per 32 greedy steps)");
   sample
       ->add_option("--decode-cluster", a->decodeCluster,
                    "always the fused decode launch, of this many blocks (0: the faster form, "

@@ -562,9 +562,11 @@ bool Gpt2::decodeGreedy(int32_t first, int n, const std::function<void(int32_t)>
   const float* logits = inferActs_->logits.data();
   const int p0 = cachePos_;
   ops_.setDecodeStep(step, first, p0);
+  if (greedyRunGraphs_ && !greedyRunsBroken_ && n >= kGreedyRunSteps && !rec->greedyRun)
+    recordGreedyRun(*rec, path, ids);
   // Steps are queued a chunk ahead of the read-back: reading chunk c waits for chunk c + 1,
   // queued before it, so the device idles only for one read-back and launch per chunk.
-  constexpr int kChunk = 32;
+  constexpr int kChunk = kGreedyRunSteps;
   std::vector<int32_t> picked(static_cast<size_t>(n));
   int queued = 0, read = 0;
   auto readTo = [&](int end) {
@@ -574,9 +576,14 @@ bool Gpt2::decodeGreedy(int32_t first, int n, const std::function<void(int32_t)>
   };
   while (queued < n) {
     const int before = queued;
-    for (const int end = std::min(n, queued + kChunk); queued < end; ++queued) {
-      rec->graph->replay();
-      ops_.greedyAdvance(step, ids, logits, cfg_.vocabSize);
+    if (greedyRunGraphs_ && rec->greedyRun && n - queued >= kChunk) {
+      rec->greedyRun->replay();
+      queued += kChunk;
+    } else {
+      for (const int end = std::min(n, queued + kChunk); queued < end; ++queued) {
+        rec->graph->replay();
+        ops_.greedyAdvance(step, ids, logits, cfg_.vocabSize);
+      }
     }
     if (before > read) readTo(before);
   }
@@ -642,12 +649,10 @@ Gpt2::StepRecording Gpt2::recordDecodeStep(const PathEntry* path, bool fused, in
         if (l->packedFor != path && !l->ineligible) pack(*l, path);
   if (!stepIds_) stepIds_ = ops_.allocBytes(2 * sizeof(int32_t));
   if (stepQkv_.empty()) stepQkv_ = ops_.alloc({3 * cfg_.nEmbd});
-  const Ops::DecodeStepArgs args = fused ? fusedStepArgs(path, form) : Ops::DecodeStepArgs{};
   int fusedBlocks = 0;
   ops_.beginStepCapture();
   try {
-    if (fused) fusedBlocks = ops_.decodeStepFused(args);
-    if (!fusedBlocks) recordOpSteps(path);
+    fusedBlocks = queueStep(path, fused, form);
   } catch (...) {
     try {
       ops_.endStepCapture();  // leave capture mode; the partial recording is dropped
@@ -655,7 +660,48 @@ Gpt2::StepRecording Gpt2::recordDecodeStep(const PathEntry* path, bool fused, in
     }
     throw;
   }
-  return {ops_.endStepCapture(), fusedBlocks, fusedBlocks > 0 ? form : 0};
+  StepRecording rec;
+  rec.graph = ops_.endStepCapture();
+  rec.fusedBlocks = fusedBlocks;
+  rec.form = fusedBlocks > 0 ? form : 0;
+  return rec;
+}
+
+// Inside a capture: one step, as a fused launch (returns its blocks) where `fused` and the
+// backend takes the shapes, else the op kernels (returns 0).
+int Gpt2::queueStep(const PathEntry* path, bool fused, int form) {
+  const int fusedBlocks = fused ? ops_.decodeStepFused(fusedStepArgs(path, form)) : 0;
+  if (!fusedBlocks) recordOpSteps(path);
+  return fusedBlocks;
+}
+
+// rec.greedyRun: kGreedyRunSteps times rec's step (the same launch: fused in rec's form, or the
+// op kernels) followed by the pick, in one graph. If recording fails, greedy runs replay the
+// step per token from then on (said once).
+void Gpt2::recordGreedyRun(StepRecording& rec, const PathEntry* path, int32_t* ids) {
+  int32_t* step = static_cast<int32_t*>(stepIds_->ptr);
+  const float* logits = inferActs_->logits.data();
+  try {
+    ops_.beginStepCapture();
+    try {
+      for (int i = 0; i < kGreedyRunSteps; ++i) {
+        if (queueStep(path, rec.fusedBlocks > 0, rec.form) != rec.fusedBlocks)
+          fail("the fused step changed its launch between recordings");
+        ops_.greedyAdvance(step, ids, logits, cfg_.vocabSize);
+      }
+    } catch (...) {
+      try {
+        ops_.endStepCapture();  // leave capture mode; the partial recording is dropped
+      } catch (...) {
+      }
+      throw;
+    }
+    rec.greedyRun = ops_.endStepCapture();
+  } catch (const std::exception& ex) {
+    greedyRunsBroken_ = true;
+    std::fprintf(stderr, "[ops] greedy run graph unavailable (%s): replaying the step per token\n",
+                 ex.what());
+  }
 }
 
 // Microseconds one replay of `rec` takes at the current position: the best of three runs of

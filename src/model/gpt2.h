@@ -146,9 +146,15 @@ class Gpt2 {
   // follows the k-th fed token — reach onToken in order as they are read back in chunks;
   // logitsOut[V] gets the last step's logits. Needs cachedTokens() + n <= blockSize. Returns
   // false, having done nothing, where the step cannot be recorded (then decode token by token).
+  // Full runs of kGreedyRunSteps steps replay one recorded graph of that many [step, pick]
+  // pairs (no launch from the host between steps); shorter runs and the rest replay the step
+  // graph and queue the pick per token. setGreedyRunGraphs(false): always the latter (benchmarks
+  // compare the two; the picks and logits are the same).
   bool canDecodeGreedy() const;
   bool decodeGreedy(int32_t first, int n, const std::function<void(int32_t)>& onToken,
                     float* logitsOut);
+  static constexpr int kGreedyRunSteps = 32;
+  void setGreedyRunGraphs(bool on) { greedyRunGraphs_ = on; }
   // Microseconds one replay of the current path's recorded decode step takes at the current
   // position (back-to-back replays: device time plus launch gaps, no per-token host work);
   // 0 when no step has been recorded. For benchmarks: it replays the step in place.
@@ -170,6 +176,8 @@ class Gpt2 {
   StepRecording* stepRecording(const PathEntry* path, int32_t token);
   void stepsReplayed(const StepRecording& rec, const PathEntry* path, int n);
   StepRecording recordDecodeStep(const PathEntry* path, bool fused, int form);
+  int queueStep(const PathEntry* path, bool fused, int form);
+  void recordGreedyRun(StepRecording& rec, const PathEntry* path, int32_t* ids);
   double stepMicros(StepRecording& rec, int32_t token);
   void recordOpSteps(const PathEntry* path);
   Ops::DecodeStepArgs fusedStepArgs(const PathEntry* path, int form);
@@ -197,12 +205,16 @@ class Gpt2 {
     std::unique_ptr<Ops::StepGraph> graph;
     int fusedBlocks = 0;  // 0: the op-by-op kernels were recorded
     int form = 0;         // the fused form asked for (Ops::DecodeStepArgs::form)
+    // decodeGreedy's kGreedyRunSteps [step, pick] pairs, recorded on first use (null: not yet,
+    // or recording failed).
+    std::unique_ptr<Ops::StepGraph> greedyRun;
   };
   std::map<const PathEntry*, StepRecording> stepGraphs_;
   std::shared_ptr<Buffer> stepIds_;
   std::shared_ptr<Buffer> greedyIds_;  // decodeGreedy's picks, by position [blockSize]
   Tensor stepQkv_;
   bool stepGraphsOn_ = true, stepGraphsBroken_ = false, usedStepGraph_ = false;
+  bool greedyRunGraphs_ = true, greedyRunsBroken_ = false;
   FusedSteps fusedSteps_ = FusedSteps::Auto;
   // Auto's timed choice per path: 0 the op kernels, f > 0 fused form f.
   std::map<const PathEntry*, int> stepForm_;
