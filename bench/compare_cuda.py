@@ -44,6 +44,12 @@ def main():
         else:
             line += f"  [goal >= 2x torch: {'met' if ratio >= 2 else 'NOT met'}]"
         out.append(line)
+        tg = pick(rows, peer="torch", mode="gemv_graph", K=n)
+        og = pick(rows, peer="ptllm", mode="gemv_graph", path="f16-storage", K=n)
+        if tg and og:
+            out.append(f"    kernels alone (graph replay): ours {og['us']} us ({float(og['gbs']):.0f} GB/s) "
+                       f"vs torch {tg['us']} us ({float(tg['gbs']):.0f} GB/s): "
+                       f"{float(tg['us']) / float(og['us']):.2f}x")
         for r in rows:
             if r.get("peer") == "ptllm" and r.get("mode") == "gemv" and r.get("K") == n \
                     and r["path"] not in ("f16-storage",):
@@ -76,6 +82,8 @@ def main():
                 form = f" step={'fused form ' + (ff if ff != '0' else 'default') + ' x' + str(fused) + ' blocks' if fused else 'op kernels'}"
                 if s.get("step_form") == "auto":
                     form += " (default: the fastest form)"
+                if s.get("greedy_graph") == "0":
+                    form += " (no greedy run graph)"
             us = f" ({float(s['us_token']):.1f} us/token)" if "us_token" in s else ""
             out.append(f"decode bundled config, path={s.get('path')} device={s.get('device', '?')}{form}: "
                        f"{float(s['tok_s']):.0f} tok/s{us} vs torch generate {float(ts['tok_s']):.0f} "

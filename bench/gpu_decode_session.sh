@@ -42,7 +42,7 @@ say "decode"
 {
   echo "# $(nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader 2>/dev/null)"
   $BIN --device cuda bench sample $BUNDLED --tokens 200 > /dev/null 2>&1 || true  # clocks up
-  for form in 2 1; do
+  for form in 3 2 1; do
     for paths in "" "--paths f32"; do
       echo "# form $form $paths: fused x16"
       timeout 20 $BIN --device cuda $paths $SAMPLE --decode-cluster 16 --decode-form $form 2>&1 |
@@ -50,12 +50,18 @@ say "decode"
     done
   done
   for paths in "" "--paths f32"; do
-    echo "# default form, $paths default choice"
-    timeout 20 $BIN --device cuda $paths $SAMPLE 2>&1 | grep "^peer="
+    # The greedy run graph (32 steps and picks per replay) against a replay and a pick launch
+    # per token, interleaved twice.
+    for rep in 1 2; do
+      echo "# default form, $paths default choice"
+      timeout 20 $BIN --device cuda $paths $SAMPLE 2>&1 | grep "^peer="
+      echo "# default form, $paths no greedy run graph"
+      timeout 20 $BIN --device cuda $paths $SAMPLE --no-greedy-run-graph 2>&1 | grep "^peer="
+    done
     echo "# $paths op kernels"
     timeout 20 $BIN --device cuda $paths $SAMPLE --no-fused-step 2>&1 | grep "^peer="
   done
-  for form in 2 1; do
+  for form in 3 1; do
     for paths in "" "--paths f32"; do
       echo "# profile: form $form $paths"
       PTLLM_DECODE_PROFILE=1 timeout 20 $BIN --device cuda $paths \
@@ -65,14 +71,14 @@ say "decode"
   done
 } > "$OUT/decode.txt" 2>&1
 grep -E "^# form|^# default|^# .*op kernels|us_token" "$OUT/decode.txt" |
-  sed -E 's/.*path=([^ ]+).*step_form=([^ ]+).*us_token=([^ ]+) tok_s=([^ ]+) step_us=([^ ]+).*/  \1 \2 us_token=\3 tok_s=\4 step_us=\5/'
+  sed -E 's/.*path=([^ ]+).*step_form=([^ ]+).*greedy_graph=([^ ]+).*us_token=([^ ]+) tok_s=([^ ]+) step_us=([^ ]+).*/  \1 \2 greedy_graph=\3 us_token=\4 tok_s=\5 step_us=\6/'
 say "torch"
 env -u LD_LIBRARY_PATH PYTHONUNBUFFERED=1 timeout 70 python3 bench/torch_cuda_peer.py \
   > "$OUT/torch.txt" 2>&1
 grep "^peer=" "$OUT/torch.txt" | sed -E 's/^(.{0,150}).*/\1/'
 say "bench cuda"
 timeout "${BENCH_TIMEOUT:-90}" $BIN --device cuda bench cuda > "$OUT/benchcuda.txt" 2>&1
-grep -E "mode=(copy|gemv)" "$OUT/benchcuda.txt" | grep -E "f16|variant|copy|cublaslt" |
+grep -E "mode=(copy|gemv|gemv_graph)" "$OUT/benchcuda.txt" | grep -E "f16|variant|copy|cublaslt" |
   sed -E 's/peer=ptllm mode=//; s/ copies=[0-9]+//; s/weight_bytes=[0-9]+ //'
 cat "$OUT/decode.txt" "$OUT/torch.txt" "$OUT/benchcuda.txt" > /tmp/all.txt
 python3 bench/compare_cuda.py /tmp/all.txt > "$OUT/summary.txt" 2>&1

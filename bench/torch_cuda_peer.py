@@ -53,6 +53,23 @@ def bench_gemv(n, iters):
     print(f"peer=torch mode=gemv dtype=f16 K={n} N={n} copies={copies} us={ms * 1e3:.2f} "
           f"weight_bytes={wbytes} gbs={wbytes / ms / 1e6:.1f}", flush=True)
 
+    # The kernels alone: one GEMV per copy recorded into a CUDA graph, the replay's median over
+    # the copies (no per-call dispatch or launch from the host; ptllm's gemv_graph is the same).
+    y = torch.empty(1, n, dtype=torch.float16, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for w in ws:
+            torch.matmul(x, w.t(), out=y)
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for w in ws:
+            torch.matmul(x, w.t(), out=y)
+    ms = median_ms(g.replay, iters) / copies
+    print(f"peer=torch mode=gemv_graph dtype=f16 K={n} N={n} copies={copies} us={ms * 1e3:.2f} "
+          f"weight_bytes={wbytes} gbs={wbytes / ms / 1e6:.1f}", flush=True)
+
 
 def bench_gemm(n, iters):
     a = torch.empty(n, n, dtype=torch.float16, device="cuda").uniform_(-1, 1)

@@ -119,6 +119,22 @@ void benchGemv(Ops& ops, PathSet& paths, int K, int N, int iters) {
         "peer=ptllm mode=gemv path=%s gate=%s K=%d N=%d copies=%d us=%.2f weight_bytes=%zu "
         "gbs=%.1f\n",
         c.name.c_str(), verdict.c_str(), K, N, copies, ms * 1e3, bytes, double(bytes) / ms / 1e6);
+    // The kernels alone: one call per copy recorded into a graph, the replay's median over the
+    // copies (no per-call launch from the host; the peer's gemv_graph is the same).
+    ops.beginStepCapture();
+    for (int j = 0; j < copies; ++j) {
+      if (c.entry)
+        c.entry->dispatch(y.data(), x.data(), packed[size_t(j)]->ptr, bias.data(), 1, K, N);
+      else
+        ops.matmul(y.data(), x.data(), w32[size_t(j)].data(), bias.data(), 1, K, N);
+    }
+    const std::unique_ptr<Ops::StepGraph> graph = ops.endStepCapture();
+    const double graphMs = cudaMedianMs([&] { graph->replay(); }, iters) / copies;
+    std::printf(
+        "peer=ptllm mode=gemv_graph path=%s gate=%s K=%d N=%d copies=%d us=%.2f weight_bytes=%zu "
+        "gbs=%.1f\n",
+        c.name.c_str(), verdict.c_str(), K, N, copies, graphMs * 1e3, bytes,
+        double(bytes) / graphMs / 1e6);
     if (c.name == "f16-storage") benchGemvVariants(ops, y, x, bias, packed, K, N, iters);
   }
 }
