@@ -92,32 +92,50 @@ inline __device__ void queryAnyHs(Smem& sm, float* out, float* attRow, const flo
   sumPartials(sm, out, hs);
 }
 
+// Where queryFixedHs reads key and value rows j: from the fused [*, 3C] qkv rows in global
+// memory (GlobalKv), or from copies in shared memory (SharedKv: the fused decode step stages a
+// head's rows there). The arithmetic does not depend on it.
+struct GlobalKv {
+  const float* base;  // the head's channels of row 0
+  int64_t stride;
+  int C;
+  __device__ const float* key(int j) const { return base + j * stride + C; }
+  __device__ const float* value(int j) const { return base + j * stride + 2 * C; }
+};
+struct SharedKv {
+  const float *k, *v;  // row j's key at k + j * rs, its value at v + j * rs
+  int rs;
+  __device__ const float* key(int j) const { return k + j * rs; }
+  __device__ const float* value(int j) const { return v + j * rs; }
+};
+
 // queryAnyHs for a head size known at compile time (a multiple of 32) and 16-byte aligned
 // rows: the same arithmetic in the same order, only the loads differ — a thread's whole key row
 // in flight at once (float4), and kValueAhead keys' values in flight per warp — so the scores
-// and the value sums wait for one memory round trip instead of one per few channels.
+// and the value sums wait for one memory round trip instead of one per few channels. The query
+// is qRow[0, HS) (global memory).
 constexpr int kValueAhead = 16;  // Tk <= 128: every value row a warp sums in one round trip
-template <int HS>
-__device__ void queryFixedHs(Smem& sm, float* out, float* attRow, const float* base, int64_t stride,
-                             int Tk, int C, int hs) {
+template <int HS, class Kv>
+__device__ void queryFixedHs(Smem& sm, float* out, float* attRow, const float* qRow, const Kv& kv,
+                             int Tk, int hs) {
   static_assert(HS % 32 == 0 && HS <= kMaxHs, "a multiple of 32 channels");
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const float scale = 1.0f / sqrtf(float(hs));
-  for (int d = threadIdx.x; d < HS; d += kThreads) sm.q[d] = base[(Tk - 1) * stride + d];
+  for (int d = threadIdx.x; d < HS; d += kThreads) sm.q[d] = qRow[d];
   __syncthreads();
   float mx = -INFINITY;
   for (int j = threadIdx.x; j < Tk; j += kThreads) {
-    const float4* k = reinterpret_cast<const float4*>(base + j * stride + C);
-    float4 kv[HS / 4];
+    const float4* k = reinterpret_cast<const float4*>(kv.key(j));
+    float4 kr[HS / 4];
 #pragma unroll
-    for (int i = 0; i < HS / 4; ++i) kv[i] = k[i];
+    for (int i = 0; i < HS / 4; ++i) kr[i] = k[i];
     float dot = 0.0f;
 #pragma unroll
     for (int i = 0; i < HS / 4; ++i) {
-      dot = fmaf(sm.q[4 * i], kv[i].x, dot);
-      dot = fmaf(sm.q[4 * i + 1], kv[i].y, dot);
-      dot = fmaf(sm.q[4 * i + 2], kv[i].z, dot);
-      dot = fmaf(sm.q[4 * i + 3], kv[i].w, dot);
+      dot = fmaf(sm.q[4 * i], kr[i].x, dot);
+      dot = fmaf(sm.q[4 * i + 1], kr[i].y, dot);
+      dot = fmaf(sm.q[4 * i + 2], kr[i].z, dot);
+      dot = fmaf(sm.q[4 * i + 3], kr[i].w, dot);
     }
     sm.s[j] = scale * dot;
     mx = fmaxf(mx, sm.s[j]);
@@ -132,8 +150,7 @@ __device__ void queryFixedHs(Smem& sm, float* out, float* attRow, const float* b
     for (int i = 0; i < kValueAhead; ++i) {
       const int j = j0 + kWarps * i;
 #pragma unroll
-      for (int r = 0; r < HS / 32; ++r)
-        v[i][r] = j < Tk ? base[j * stride + 2 * C + lane + 32 * r] : 0.0f;
+      for (int r = 0; r < HS / 32; ++r) v[i][r] = j < Tk ? kv.value(j)[lane + 32 * r] : 0.0f;
     }
 #pragma unroll
     for (int i = 0; i < kValueAhead; ++i) {
@@ -155,10 +172,12 @@ inline __device__ void query(Smem& sm, float* out, float* attRow, const float* b
                              int Tk, int C, int hs) {
   const bool aligned =
       (reinterpret_cast<uintptr_t>(base) & 15) == 0 && stride % 4 == 0 && C % 4 == 0;
+  const GlobalKv kv{base, stride, C};
+  const float* qRow = base + (Tk - 1) * stride;
   if (aligned && hs == 64)
-    queryFixedHs<64>(sm, out, attRow, base, stride, Tk, C, hs);
+    queryFixedHs<64>(sm, out, attRow, qRow, kv, Tk, hs);
   else if (aligned && hs == 32)
-    queryFixedHs<32>(sm, out, attRow, base, stride, Tk, C, hs);
+    queryFixedHs<32>(sm, out, attRow, qRow, kv, Tk, hs);
   else
     queryAnyHs(sm, out, attRow, base, stride, Tk, C, hs);
 }

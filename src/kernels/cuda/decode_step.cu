@@ -34,6 +34,7 @@
 #include <cstring>
 #include <vector>
 
+#include "kernels/cuda/async_copy.cuh"
 #include "kernels/cuda/attention_decode.cuh"
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_reduce.cuh"
@@ -67,6 +68,10 @@ struct StepLayer {
 };
 struct StepParams {
   int C, NH, V, maxT, nLayer;
+  // Forms 2 and 3: the head's cached key and value rows staged in shared memory (stageHeadRows):
+  // rows of stageRs floats from float stageOff of the dynamic shared memory, keys then values
+  // (maxT rows each); stageRs 0: read from global memory.
+  int stageRs, stageOff;
   const float *wte, *wpe, *lnfw, *lnfb;
   const int32_t* step;
   float *x, *y, *h, *att, *logits;
@@ -293,11 +298,18 @@ __device__ void flushTrace(const StepParams& p, const Trace& t) {
 //   - each linear issues its first round of weight and bias loads, and the LayerNorm before it
 //     its w and b, before the barrier that makes its input final, so that latency overlaps
 //     the barrier (an L1 prefetch of the next phase's weights instead was measured slower:
-//     bench/results/cuda-20261203-1343.txt).
+//     bench/results/cuda-20261203-1343.txt);
+//   - where every block has at most one head of size 32 or 64 and it fits, block h copies its
+//     head's cached key and value rows 0..pos-1 of the next layer into shared memory (the
+//     stage, cp.async) a phase ahead, and attends from there; only row pos, which this launch
+//     writes, is read through L2 after the barrier. Measured: attention 15.8 -> 12.3 us per
+//     step, but the copies' issue sits on the same blocks' path (~100 KB per layer at the
+//     SM's L2 bandwidth), so the step gains ~0.6 us (bench/results/cuda-20261204-1555.txt).
 // Buffers are reused only across a barrier: lnY is written remotely in the attention phase
 // (y) and locally in the LayerNorm phases; hb (shared with the attention's scratch) remotely
 // in the fc phase; xs remotely in the two residual phases; each is read only in the phase
-// after its writes.
+// after its writes. The stage is its owner's alone: written by the copies and row pos, read
+// by its attention, rewritten only after it.
 __host__ __device__ constexpr int rowFloats(int C) {
   return (C + 3) / 4 * 4;
 }
@@ -308,6 +320,56 @@ __host__ __device__ constexpr int hbFloats(int C) {
 }
 __host__ __device__ constexpr int smem2Floats(int C) {
   return 2 * rowFloats(C) + hbFloats(C) + kWarps * 33;
+}
+
+// Starts the copies (cp.async, one group) of head h's cached key and value rows 0..rows-1 of
+// `cache` into the stage: they were written by earlier steps, so the copy runs while the block
+// does other work, and attendStaged waits for it. Consecutive threads copy consecutive 16-byte
+// pieces of a row.
+template <int HS>
+__device__ void stageHeadRows(const StepParams& p, float* base, const float* cache, int h,
+                              int rows) {
+  constexpr int kPieces = HS / 4;
+  const int C = p.C, rs = p.stageRs;
+  const int64_t stride = 3 * (int64_t)C;
+  float* stage = base + p.stageOff;
+  for (int i = threadIdx.x; i < rows * 2 * kPieces; i += kThreads) {
+    const int row = i / (2 * kPieces), part = i / kPieces % 2, c = i % kPieces;
+    async::cpAsync16(stage + (part * p.maxT + row) * rs + 4 * c,
+                     cache + row * stride + (1 + part) * C + h * HS + 4 * c);
+  }
+  async::cpAsyncCommit();
+}
+__device__ __forceinline__ void stageHead(const StepParams& p, float* base, const float* cache,
+                                          int pos) {
+  if (!p.stageRs || int(blockIdx.x) >= p.NH) return;
+  if (p.C / p.NH == 64)
+    stageHeadRows<64>(p, base, cache, int(blockIdx.x), pos);
+  else
+    stageHeadRows<32>(p, base, cache, int(blockIdx.x), pos);
+}
+
+// Head h's attention (queryFixedHs) over its staged rows 0..pos-1 and row pos, which the qkv
+// phase of this launch wrote: read through L2 into the stage first.
+__device__ void attendStaged(const StepParams& p, float* base, decode::Smem& sm, float* y,
+                             const float* cache, int h, int pos) {
+  const int C = p.C, hs = C / p.NH, rs = p.stageRs;
+  const int64_t stride = 3 * (int64_t)C;
+  const float* head = cache + h * hs;
+  float* ks = base + p.stageOff;
+  float* vs = ks + p.maxT * rs;
+  async::cpAsyncWait<0>();
+  for (int i = threadIdx.x; i < 2 * hs; i += kThreads) {
+    const int part = i / hs, d = i % hs;
+    (part ? vs : ks)[pos * rs + d] = __ldcg(head + pos * stride + (1 + part) * C + d);
+  }
+  // queryFixedHs's first barrier publishes row pos and every thread's copies.
+  const decode::SharedKv kv{ks, vs, rs};
+  float* attRow = p.att + (int64_t)h * p.maxT;
+  if (hs == 64)
+    decode::queryFixedHs<64>(sm, y, attRow, head + pos * stride, kv, pos + 1, hs);
+  else
+    decode::queryFixedHs<32>(sm, y, attRow, head + pos * stride, kv, pos + 1, hs);
 }
 
 __device__ __forceinline__ int f16Vpl(int K) {
@@ -522,9 +584,13 @@ __device__ void gemvF32L1(cg::cluster_group& cl, const Rows& r, const float* xs,
 }
 
 // out = xs @ l (d says where), pre() run by every thread once the weights are on their way.
+// Inlined into the kernel (the step's chains are latency-bound: an out-of-line call, which the
+// compiler chose once the attention's staging grew the kernel, costs a stack frame and the
+// calls' argument traffic on every linear).
 template <class Pre>
-__device__ void linear2(cg::cluster_group& cl, const Rows& r, const float* xs, const StepLinear& l,
-                        int K, int N, const Dest& d, Pre&& pre) {
+__device__ __forceinline__ void linear2(cg::cluster_group& cl, const Rows& r, const float* xs,
+                                        const StepLinear& l, int K, int N, const Dest& d,
+                                        Pre&& pre) {
   if (l.f16) {
     const auto* w = static_cast<const unsigned char*>(l.w);
     switch (f16Vpl(K) * 16 + f16Cb(K, N)) {
@@ -602,6 +668,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   };
   PTLLM_DECODE_TRACE(t);
 
+  if (p.nLayer > 0) stageHead(p, base, p.layers[0].cache, pos);
   // x = wte[tok] + wpe[pos] in every block (block 0 also stores the global x).
   for (int c = threadIdx.x; c < C; c += kThreads) {
     const float v = __ldg(p.wte + (int64_t)tok * C + c) + __ldg(p.wpe + (int64_t)pos * C + c);
@@ -634,7 +701,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     stamp(p, t, 2);
     for (int h = blockIdx.x; h < p.NH; h += gridDim.x) {
       float* y = r.lnY + h * hs;
-      decode::query(att, y, p.att + (int64_t)h * p.maxT, L.cache + h * hs, stride, pos + 1, C, hs);
+      if (p.stageRs)  // then NH <= blocks: h is this block's one head
+        attendStaged(p, base, att, y, L.cache, h, pos);
+      else
+        decode::query(att, y, p.att + (int64_t)h * p.maxT, L.cache + h * hs, stride, pos + 1, C,
+                      hs);
       __syncthreads();
       for (int i = threadIdx.x; i < hs * int(gridDim.x); i += kThreads)
         cl.map_shared_rank(y, unsigned(i / hs))[i % hs] = y[i % hs];
@@ -643,6 +714,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     stamp(p, t, 3);
     arrive();
+    // The next layer's rows, while the proj phase runs (this layer's stage reads are done).
+    if (l + 1 < p.nLayer) stageHead(p, base, p.layers[l + 1].cache, pos);
     linear2(cl, r, r.lnY, L.proj, C, C, {Epi::Residual, p.x, r.xs}, [&] {
       wait();
       stamp(p, t, 4);
@@ -789,8 +862,53 @@ const void* formKernel(int form) {
                      : reinterpret_cast<const void*>(decodeStepKernel2<true>);
 }
 
-size_t smemBytes(int form, int C) {
-  return form == 1 ? 0 : size_t(smem2Floats(C)) * sizeof(float);
+// The dynamic shared memory a block of forms 2 and 3 may ask for: the device's per-block
+// opt-in less the kernel's static shared memory (the profile's trace marks).
+int dynSmemCapBytes(int form) {
+  static const std::vector<int> caps = [] {
+    std::vector<int> c(kForms + 1, 0);
+    int dev = 0, optin = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) !=
+            cudaSuccess) {
+      cudaGetLastError();
+      optin = 48 * 1024;
+    }
+    for (int f = 2; f <= kForms; ++f) {
+      cudaFuncAttributes fa = {};
+      if (cudaFuncGetAttributes(&fa, formKernel(f)) != cudaSuccess) {
+        cudaGetLastError();
+        continue;
+      }
+      c[size_t(f)] = std::max(0, optin - int(fa.sharedSizeBytes));
+    }
+    return c;
+  }();
+  return form >= 2 && form <= kForms ? caps[size_t(form)] : 0;
+}
+
+// Forms 2 and 3: the rows' shared memory, plus the staged key and value rows of one head where
+// every block has at most one head, the head size is 32 or 64 (queryFixedHs), the rows are
+// 16-byte vectors and it all fits (p.stageRs, p.stageOff set; else 0). Form 1: none.
+size_t smemBytes(int form, StepParams& p, int blocks) {
+  p.stageRs = p.stageOff = 0;
+  if (form == 1) return 0;
+  const size_t rows = size_t(smem2Floats(p.C)) * sizeof(float);
+  const int hs = p.C / p.NH;
+  bool aligned = p.C % 4 == 0;
+  for (int l = 0; l < p.nLayer; ++l)
+    aligned = aligned && (reinterpret_cast<uintptr_t>(p.layers[l].cache) & 15) == 0;
+  // rs / 4 odd: the 8 rows a quarter-warp reads as 16-byte vectors fall in distinct banks.
+  const int rs = hs + 4;
+  const int off = (smem2Floats(p.C) + 3) / 4 * 4;
+  const size_t staged = (size_t(off) + 2 * size_t(p.maxT) * rs) * sizeof(float);
+  if (p.nLayer > 0 && p.NH <= blocks && (hs == 64 || hs == 32) && aligned &&
+      staged <= size_t(dynSmemCapBytes(form))) {
+    p.stageRs = rs;
+    p.stageOff = off;
+    return staged;
+  }
+  return rows;
 }
 
 // PTLLM_DECODE_PROFILE=1: a device buffer of kProfSlots counters that every launch adds its
@@ -871,10 +989,12 @@ int decodeStepMaxBlocks() {
       if (cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) !=
           cudaSuccess)
         cudaGetLastError();  // then only portable sizes
-      if (smemBytes(form, kMaxC) > 0) {
-        // Room for the largest C's rows; the rest of the 256 KB stays L1.
-        PTLLM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                              int(smemBytes(form, kMaxC))));
+      const size_t smem = size_t(dynSmemCapBytes(form));
+      if (smem > 0) {
+        // A launch asks for what its shapes need (smemBytes), at most this; the carveout
+        // preference leaves the rest of the SM's 256 KB to L1.
+        PTLLM_CUDA_CHECK(
+            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
         PTLLM_CUDA_CHECK(cudaFuncSetAttribute(
             kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxL1));
       }
@@ -883,7 +1003,7 @@ int decodeStepMaxBlocks() {
         if (b > common) continue;
         cudaLaunchAttribute attr;
         cudaLaunchConfig_t cfg = clusterLaunch(b, &attr);
-        cfg.dynamicSmemBytes = smemBytes(form, kMaxC);
+        cfg.dynamicSmemBytes = smem;  // the most a launch asks for
         int clusters = 0;
         if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) == cudaSuccess &&
             clusters > 0) {
@@ -947,7 +1067,7 @@ int launchDecodeStep(const Ops::DecodeStepArgs& a) {
   const int blocks = std::min(a.clusterBlocks > 0 ? a.clusterBlocks : maxBlocks, maxBlocks);
   cudaLaunchAttribute attr;
   cudaLaunchConfig_t cfg = clusterLaunch(blocks, &attr);
-  cfg.dynamicSmemBytes = smemBytes(form, a.C);
+  cfg.dynamicSmemBytes = smemBytes(form, p, blocks);
   void* params[] = {&p};
   PTLLM_CUDA_CHECK(cudaLaunchKernelExC(&cfg, formKernel(form), params));
   if (p.prof) {
