@@ -105,16 +105,14 @@ void benchGemv(Ops& ops, PathSet& paths, int K, int N, int iters) {
         ops.copy(w32.back().data(), staging.data(), int64_t(K) * N);
       }
     }
+    auto call = [&](int j) {  // the GEMV on weight copy j
+      if (c.entry)
+        c.entry->dispatch(y.data(), x.data(), packed[size_t(j)]->ptr, bias.data(), 1, K, N);
+      else
+        ops.matmul(y.data(), x.data(), w32[size_t(j)].data(), bias.data(), 1, K, N);
+    };
     int i = 0;
-    const double ms = cudaMedianMs(
-        [&] {
-          const int j = i++ % copies;
-          if (c.entry)
-            c.entry->dispatch(y.data(), x.data(), packed[size_t(j)]->ptr, bias.data(), 1, K, N);
-          else
-            ops.matmul(y.data(), x.data(), w32[size_t(j)].data(), bias.data(), 1, K, N);
-        },
-        iters);
+    const double ms = cudaMedianMs([&] { call(i++ % copies); }, iters);
     std::printf(
         "peer=ptllm mode=gemv path=%s gate=%s K=%d N=%d copies=%d us=%.2f weight_bytes=%zu "
         "gbs=%.1f\n",
@@ -122,12 +120,7 @@ void benchGemv(Ops& ops, PathSet& paths, int K, int N, int iters) {
     // The kernels alone: one call per copy recorded into a graph, the replay's median over the
     // copies (no per-call launch from the host; the peer's gemv_graph is the same).
     ops.beginStepCapture();
-    for (int j = 0; j < copies; ++j) {
-      if (c.entry)
-        c.entry->dispatch(y.data(), x.data(), packed[size_t(j)]->ptr, bias.data(), 1, K, N);
-      else
-        ops.matmul(y.data(), x.data(), w32[size_t(j)].data(), bias.data(), 1, K, N);
-    }
+    for (int j = 0; j < copies; ++j) call(j);
     const std::unique_ptr<Ops::StepGraph> graph = ops.endStepCapture();
     const double graphMs = cudaMedianMs([&] { graph->replay(); }, iters) / copies;
     std::printf(

@@ -639,6 +639,25 @@ Ops::DecodeStepArgs Gpt2::fusedStepArgs(const PathEntry* path, int form) {
   return args;
 }
 
+namespace {
+// The graph of what queue() launches on `ops` (recorded, not run). If queue throws, capture
+// mode is left, the partial recording dropped, and the exception passed on.
+template <class F>
+std::unique_ptr<Ops::StepGraph> recordGraph(Ops& ops, F&& queue) {
+  ops.beginStepCapture();
+  try {
+    queue();
+  } catch (...) {
+    try {
+      ops.endStepCapture();
+    } catch (...) {
+    }
+    throw;
+  }
+  return ops.endStepCapture();
+}
+}  // namespace
+
 // The one-token forward of forwardCached with the position read from the device: recorded, not
 // run — one fused launch when `fused` and the backend takes these shapes, else the op kernels.
 // Weights are packed first (packing synchronises, which a recording cannot).
@@ -649,21 +668,9 @@ Gpt2::StepRecording Gpt2::recordDecodeStep(const PathEntry* path, bool fused, in
         if (l->packedFor != path && !l->ineligible) pack(*l, path);
   if (!stepIds_) stepIds_ = ops_.allocBytes(2 * sizeof(int32_t));
   if (stepQkv_.empty()) stepQkv_ = ops_.alloc({3 * cfg_.nEmbd});
-  int fusedBlocks = 0;
-  ops_.beginStepCapture();
-  try {
-    fusedBlocks = queueStep(path, fused, form);
-  } catch (...) {
-    try {
-      ops_.endStepCapture();  // leave capture mode; the partial recording is dropped
-    } catch (...) {
-    }
-    throw;
-  }
   StepRecording rec;
-  rec.graph = ops_.endStepCapture();
-  rec.fusedBlocks = fusedBlocks;
-  rec.form = fusedBlocks > 0 ? form : 0;
+  rec.graph = recordGraph(ops_, [&] { rec.fusedBlocks = queueStep(path, fused, form); });
+  rec.form = rec.fusedBlocks > 0 ? form : 0;
   return rec;
 }
 
@@ -682,21 +689,13 @@ void Gpt2::recordGreedyRun(StepRecording& rec, const PathEntry* path, int32_t* i
   int32_t* step = static_cast<int32_t*>(stepIds_->ptr);
   const float* logits = inferActs_->logits.data();
   try {
-    ops_.beginStepCapture();
-    try {
+    rec.greedyRun = recordGraph(ops_, [&] {
       for (int i = 0; i < kGreedyRunSteps; ++i) {
         if (queueStep(path, rec.fusedBlocks > 0, rec.form) != rec.fusedBlocks)
           fail("the fused step changed its launch between recordings");
         ops_.greedyAdvance(step, ids, logits, cfg_.vocabSize);
       }
-    } catch (...) {
-      try {
-        ops_.endStepCapture();  // leave capture mode; the partial recording is dropped
-      } catch (...) {
-      }
-      throw;
-    }
-    rec.greedyRun = ops_.endStepCapture();
+    });
   } catch (const std::exception& ex) {
     greedyRunsBroken_ = true;
     std::fprintf(stderr, "[ops] greedy run graph unavailable (%s): replaying the step per token\n",
