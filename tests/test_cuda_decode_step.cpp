@@ -261,8 +261,16 @@ class DeviceStep {
     a.form = form;
     return a;
   }
-  int runFused(int clusterBlocks, int form = 0) {
-    return gpu_.decodeStepFused(args(clusterBlocks, form));
+  int runFused(int clusterBlocks, int form = 0, int32_t* greedyTokens = nullptr) {
+    Ops::DecodeStepArgs a = args(clusterBlocks, form);
+    a.greedyTokens = greedyTokens;
+    return gpu_.decodeStepFused(a);
+  }
+  // The step buffer: {token, pos}.
+  std::vector<int32_t> stepIds() {
+    std::vector<int32_t> v(2);
+    gpu_.downloadIds(v.data(), static_cast<const int32_t*>(step_->ptr), 2);
+    return v;
   }
 
   StepOut results() {
@@ -374,6 +382,42 @@ TEST_F(CudaDecodeStep, FusedEqualsOpByOpBitForBit) {
           for (size_t i = size_t(s.pos + 1) * 3 * s.C; i < c.size(); ++i)
             ASSERT_EQ(c[i], kGuardValue) << "layer " << l << ": write past row pos at " << i;
         }
+      }
+  }
+}
+
+// The fused greedy pick (DecodeStepArgs::greedyTokens): the step's logits unchanged, and the
+// step buffer and token row as greedyAdvance leaves them after the op-by-op step (the first
+// largest logit; no other token row entry written), for each form and cluster size.
+TEST_F(CudaDecodeStep, FusedGreedyPickEqualsGreedyAdvance) {
+  uint64_t seed = 3;
+  for (const StepShape& s : kShapes) {
+    SCOPED_TRACE(shapeName(s));
+    const HostStep h = makeStep(s, seed += 100);
+    const StepOut want = [&] {
+      DeviceStep ops(*gpu, h);
+      ops.runOpByOp();
+      return ops.results();
+    }();
+    const int32_t wantToken =
+        int32_t(std::max_element(want.logits.begin(), want.logits.end()) - want.logits.begin());
+    constexpr int32_t kPoison = -7;
+    std::vector<float> poison(size_t(s.maxT));  // int32 kPoison bit patterns
+    for (float& f : poison) std::memcpy(&f, &kPoison, sizeof(f));
+    Tensor tokens = gpu->alloc({int64_t(s.maxT)});
+    for (int form = 0; form <= gpu->decodeStepForms(); ++form)
+      for (int blocks : {0, 1, 16}) {
+        SCOPED_TRACE("form " + std::to_string(form) + " clusterBlocks " + std::to_string(blocks));
+        gpu->upload(tokens, poison.data());
+        auto* ids = reinterpret_cast<int32_t*>(tokens.data());
+        DeviceStep fused(*gpu, h);
+        ASSERT_GT(fused.runFused(blocks, form, ids), 0);
+        EXPECT_EQ(bitDifference(fused.results().logits, want.logits), "") << "logits";
+        EXPECT_EQ(fused.stepIds(), (std::vector<int32_t>{wantToken, s.pos + 1}));
+        std::vector<int32_t> row(size_t(s.maxT));
+        gpu->downloadIds(row.data(), ids, s.maxT);
+        for (int p = 0; p < s.maxT; ++p)
+          ASSERT_EQ(row[size_t(p)], p == s.pos ? wantToken : kPoison) << "token row at " << p;
       }
   }
 }

@@ -163,6 +163,9 @@ class Ops {
     // The fused kernel's form, 1..decodeStepForms() (all bit-identical; which is fastest
     // depends on the device and the weight format); 0: the backend's default.
     int form = 0;
+    // Set: the step ends with greedyAdvance(step, greedyTokens, logits, V) (the same pick and
+    // writes, without a second launch); step must then be writable.
+    int32_t* greedyTokens = nullptr;
   };
   virtual int decodeStepForms() const { return 0; }
   // Enqueues the whole one-token step of a GPT-2 — embeddingStep; per layer LayerNorm, the qkv

@@ -675,15 +675,22 @@ Gpt2::StepRecording Gpt2::recordDecodeStep(const PathEntry* path, bool fused, in
 }
 
 // Inside a capture: one step, as a fused launch (returns its blocks) where `fused` and the
-// backend takes the shapes, else the op kernels (returns 0).
-int Gpt2::queueStep(const PathEntry* path, bool fused, int form) {
-  const int fusedBlocks = fused ? ops_.decodeStepFused(fusedStepArgs(path, form)) : 0;
+// backend takes the shapes, else the op kernels (returns 0). greedyIds: a fused launch also
+// makes the greedy pick (DecodeStepArgs::greedyTokens); the op kernels leave it to the caller.
+int Gpt2::queueStep(const PathEntry* path, bool fused, int form, int32_t* greedyIds) {
+  int fusedBlocks = 0;
+  if (fused) {
+    Ops::DecodeStepArgs args = fusedStepArgs(path, form);
+    args.greedyTokens = greedyIds;
+    fusedBlocks = ops_.decodeStepFused(args);
+  }
   if (!fusedBlocks) recordOpSteps(path);
   return fusedBlocks;
 }
 
 // rec.greedyRun: kGreedyRunSteps times rec's step (the same launch: fused in rec's form, or the
-// op kernels) followed by the pick, in one graph. If recording fails, greedy runs replay the
+// op kernels) followed by the pick, in one graph; a fused step makes the pick at its end (one
+// launch per token: H200 run 25). If recording fails, greedy runs replay the
 // step per token from then on (said once).
 void Gpt2::recordGreedyRun(StepRecording& rec, const PathEntry* path, int32_t* ids) {
   int32_t* step = static_cast<int32_t*>(stepIds_->ptr);
@@ -691,9 +698,9 @@ void Gpt2::recordGreedyRun(StepRecording& rec, const PathEntry* path, int32_t* i
   try {
     rec.greedyRun = recordGraph(ops_, [&] {
       for (int i = 0; i < kGreedyRunSteps; ++i) {
-        if (queueStep(path, rec.fusedBlocks > 0, rec.form) != rec.fusedBlocks)
+        if (queueStep(path, rec.fusedBlocks > 0, rec.form, ids) != rec.fusedBlocks)
           fail("the fused step changed its launch between recordings");
-        ops_.greedyAdvance(step, ids, logits, cfg_.vocabSize);
+        if (!rec.fusedBlocks) ops_.greedyAdvance(step, ids, logits, cfg_.vocabSize);
       }
     });
   } catch (const std::exception& ex) {

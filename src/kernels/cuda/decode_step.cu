@@ -9,7 +9,8 @@
 //   3. each block: y -> shared; x[n] += y @ W_proj + b (a column per warp, written once)
 //   4. each block: LayerNorm(x) -> shared; h = gelu(ln @ W_fc + b)
 //   5. each block: h -> shared; x[n] += h @ W_fcproj + b
-// then LayerNorm(x) and the tied head (logits = lnf @ wte^T).
+// then LayerNorm(x) and the tied head (logits = lnf @ wte^T), and where asked the greedy pick
+// (greedyTail).
 //
 // Every element is computed exactly as the op kernels compute it (same operands, same order,
 // same rounding), so the logits are bit-identical to the op-by-op step:
@@ -18,7 +19,8 @@
 //   - an f16-storage linear repeats matmulF16's M = 1 GEMV (matmul_storage.cu): a warp per
 //     output column, lane l accumulating vectors l, l+32, ... of the packed row in order,
 //     elements in order, the butterfly warp sum, fmaf(sum, 1, bias); only the load schedule
-//     differs (several columns' weights in flight per warp);
+//     differs (several columns' weights in flight per warp, their butterflies shared out over
+//     the lanes: scatterSum);
 //   - an f32 linear repeats launchMatmul's M <= 8 GEMV (ops_matmul.cu): 32 columns per block,
 //     warp w summing k = w, w+8, ..., the 8 partial sums added in warp order, then the bias;
 //   - the head repeats matmulAbt's M <= 8 kernel: a warp per vocabulary row, lanes over k;
@@ -75,6 +77,8 @@ struct StepParams {
   const float *wte, *wpe, *lnfw, *lnfb;
   const int32_t* step;
   float *x, *y, *h, *att, *logits;
+  // DecodeStepArgs::greedyTokens: the pick's token row and the step (writable), or null.
+  int32_t *tokens, *advance;
   unsigned long long* prof;  // PTLLM_DECODE_PROFILE: clock64 deltas per point and block, or null
   StepLayer layers[kMaxLayers];
 };
@@ -238,6 +242,37 @@ __device__ void head(const StepSmem& sm, const StepParams& p) {
     for (int k = lane; k < p.C; k += 32) acc = fmaf(sm.row[k], __ldg(brow + k), acc);
     const float s = warpSum(acc);
     if (lane == 0) p.logits[n] = s;
+  }
+}
+
+// Ops::greedyAdvance at the end of the step (DecodeStepArgs::greedyTokens), called by every
+// thread once the step's logits are written: a cluster barrier, then warp 0 of block 0 picks.
+// Each lane keeps the first largest non-NaN logit of its strided share, then a butterfly of
+// (value, index) pairs where the larger value, or on a tie the lower index, wins: one total
+// order, so the token is greedyAdvanceKernel's (std::max_element's) whatever the tree.
+__device__ void greedyTail(const StepParams& p, int pos) {
+  if (!p.tokens) return;
+  cg::this_cluster().sync();  // every block's logits, visible at cluster scope
+  if (blockIdx.x != 0 || threadIdx.x >= 32) return;
+  const int lane = int(threadIdx.x);
+  float best = -INFINITY;
+  int arg = -1;  // -1: nothing seen (all NaN so far)
+  for (int v = lane; v < p.V; v += 32) {
+    const float x = __ldcg(p.logits + v);
+    if (!isnan(x) && (arg < 0 || x > best)) best = x, arg = v;
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ob = __shfl_xor_sync(kFullMask, best, o);
+    const int oi = __shfl_xor_sync(kFullMask, arg, o);
+    if (oi >= 0 && (arg < 0 || ob > best || (ob == best && oi < arg))) best = ob, arg = oi;
+  }
+  if (lane == 0) {
+    // max_element starts at logits[0]: a NaN there is never replaced; all-NaN also gives 0.
+    const int next = isnan(__ldcg(p.logits)) || arg < 0 ? 0 : arg;
+    p.tokens[pos] = next;
+    p.advance[0] = next;
+    p.advance[1] = pos + 1;
   }
 }
 
@@ -430,18 +465,6 @@ struct Dest {
   float* shared;  // this block's copy (the same offset in every block)
 };
 
-// Lane `lane` of a warp whose lanes all hold column n's value v (the butterfly sum).
-__device__ __forceinline__ void storeWarp(cg::cluster_group& cl, const Dest& d, int n, float v,
-                                          int lane) {
-  if (d.e == Epi::Store) {
-    if (lane == 0) d.global[n] = v;
-    return;
-  }
-  const float o = d.e == Epi::Residual ? __fadd_rn(d.shared[n], v) : geluTanh(v);
-  if (lane < int(gridDim.x)) cl.map_shared_rank(d.shared, unsigned(lane))[n] = o;
-  if (lane == 0) d.global[n] = o;
-}
-
 // One thread with its own column n.
 __device__ __forceinline__ void storeOne(cg::cluster_group& cl, const Dest& d, int n, float v) {
   if (d.e == Epi::Store) {
@@ -451,6 +474,65 @@ __device__ __forceinline__ void storeOne(cg::cluster_group& cl, const Dest& d, i
   const float o = d.e == Epi::Residual ? __fadd_rn(d.shared[n], v) : geluTanh(v);
   for (unsigned r = 0; r < gridDim.x; ++r) cl.map_shared_rank(d.shared, r)[n] = o;
   d.global[n] = o;
+}
+
+// ---- the warp's CB column sums, scattered over its lanes ----
+// warpSum (the butterfly: v += shfl_xor(v, o) for o = 16, 8, ..., 1) of every column, with the
+// work shared out: at each of the first log2(P) levels (P: CB rounded up to a power of two) a
+// lane keeps half of its columns and sends its partner the other half, so one shuffle per kept
+// column instead of one per column; the remaining levels sum the one column left. Lane l ends
+// with the sum of the column it returns, as do the R = 32 / P lanes that differ from it only in the
+// low log2(R) bits. The additions are the butterfly's, pair for pair: at every level a lane adds
+// its partner's partial of the same column, which the partner (that kept the same columns so
+// far) holds, so each column's sum is bitwise the warpSum value. bias[] travels alongside
+// (selected, not added). Returns the lane's column (>= CB: padding, no column).
+template <int CB>
+__host__ __device__ constexpr int scatterWidth() {
+  return CB <= 1 ? 1 : CB <= 2 ? 2 : CB <= 4 ? 4 : CB <= 8 ? 8 : 16;
+}
+template <int CB>
+__device__ __forceinline__ int scatterSum(const float (&acc)[CB], const float (&bias)[CB], int lane,
+                                          float& sum, float& b) {
+  constexpr int P = scatterWidth<CB>();
+  float v[P], bs[P];
+#pragma unroll
+  for (int c = 0; c < P; ++c) {
+    v[c] = c < CB ? acc[c] : 0.f;
+    bs[c] = c < CB ? bias[c] : 0.f;
+  }
+  int column = 0, o = 16;
+#pragma unroll
+  for (int half = P / 2; half >= 1; half /= 2, o /= 2) {
+    const bool upper = (lane & o) != 0;  // keeps the upper half of its columns
+#pragma unroll
+    for (int i = 0; i < half; ++i) {
+      const float keep = upper ? v[half + i] : v[i], send = upper ? v[i] : v[half + i];
+      v[i] = keep + __shfl_xor_sync(kFullMask, send, o);
+      bs[i] = upper ? bs[half + i] : bs[i];
+    }
+    column += upper ? half : 0;
+  }
+  for (; o > 0; o >>= 1) v[0] += __shfl_xor_sync(kFullMask, v[0], o);
+  sum = v[0];
+  b = bs[0];
+  return column;
+}
+
+// Column n's value v (held by the R lanes scatterSum left it in) where d says: Store, lane
+// q == 0 (q = lane mod R) into the global row; Residual and Gelu, o = x[n] + v or gelu(v) into
+// every block's copy (these lanes to ranks q, q + R, ...) and lane q == 0 into the global row.
+template <int CB>
+__device__ __forceinline__ void storeScattered(cg::cluster_group& cl, const Dest& d, int n, float v,
+                                               int lane) {
+  constexpr int R = 32 / scatterWidth<CB>();
+  const int q = lane & (R - 1);
+  if (d.e == Epi::Store) {
+    if (q == 0) d.global[n] = v;
+    return;
+  }
+  const float o = d.e == Epi::Residual ? __fadd_rn(d.shared[n], v) : geluTanh(v);
+  for (int r = q; r < int(gridDim.x); r += R) cl.map_shared_rank(d.shared, unsigned(r))[n] = o;
+  if (q == 0) d.global[n] = o;
 }
 
 // gemvF16's arithmetic. The first round's weights and biases are loaded before pre() (the
@@ -506,16 +588,10 @@ __device__ void gemvF16L1(cg::cluster_group& cl, const float* xs, const unsigned
       }
     }
     if (!active) break;
-    // Every column's butterfly sum before any store: the sums are independent chains that
-    // overlap, where a store's branches between them would serialise CB chains of 5 shuffles.
-    float sum[CB];
-#pragma unroll
-    for (int c = 0; c < CB; ++c) sum[c] = warpSum(acc[c]);
-#pragma unroll
-    for (int c = 0; c < CB; ++c) {
-      const int n = n0 + c;
-      if (n < N) storeWarp(cl, d, n, fmaf(sum[c], 1.f, bs[c]), lane);
-    }
+    float v, b;
+    const int c = scatterSum<CB>(acc, bs, lane, v, b);
+    const int n = n0 + c;
+    if (c < CB && n < N) storeScattered<CB>(cl, d, n, fmaf(v, 1.f, b), lane);
   }
 }
 
@@ -773,6 +849,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (lane == 0) p.logits[n] = s;
   }
   stamp(p, t, 13);
+  greedyTail(p, pos);
   flushTrace(p, t);
 }
 
@@ -829,6 +906,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   stamp(p, t, 12);
   head(sm, p);
   stamp(p, t, 13);
+  greedyTail(p, pos);
   flushTrace(p, t);
 }
 
@@ -1048,6 +1126,8 @@ int launchDecodeStep(const Ops::DecodeStepArgs& a) {
   p.h = a.h;
   p.att = a.att;
   p.logits = a.logits;
+  p.tokens = a.greedyTokens;
+  p.advance = a.greedyTokens ? const_cast<int32_t*>(a.step) : nullptr;
   p.prof = profileBuffer();
   for (int l = 0; l < nLayer; ++l) {
     const Ops::DecodeLayer& s = a.layers[size_t(l)];
