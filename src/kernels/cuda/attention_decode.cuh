@@ -113,7 +113,8 @@ struct SharedKv {
 // rows: the same arithmetic in the same order, only the loads differ — a thread's whole key row
 // in flight at once (float4), and kValueAhead keys' values in flight per warp — so the scores
 // and the value sums wait for one memory round trip instead of one per few channels. The query
-// is qRow[0, HS) (global memory).
+// is qRow[0, HS) (global memory), or, qRow null, already in sm.q (the fused decode step puts it
+// there).
 constexpr int kValueAhead = 16;  // Tk <= 128: every value row a warp sums in one round trip
 template <int HS, class Kv>
 __device__ void queryFixedHs(Smem& sm, float* out, float* attRow, const float* qRow, const Kv& kv,
@@ -121,7 +122,8 @@ __device__ void queryFixedHs(Smem& sm, float* out, float* attRow, const float* q
   static_assert(HS % 32 == 0 && HS <= kMaxHs, "a multiple of 32 channels");
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const float scale = 1.0f / sqrtf(float(hs));
-  for (int d = threadIdx.x; d < HS; d += kThreads) sm.q[d] = qRow[d];
+  if (qRow)
+    for (int d = threadIdx.x; d < HS; d += kThreads) sm.q[d] = qRow[d];
   __syncthreads();
   float mx = -INFINITY;
   for (int j = threadIdx.x; j < Tk; j += kThreads) {

@@ -17,10 +17,13 @@ namespace ptllm::cuda {
 // the butterfly warp sum. Every lane gets mu and rstd.
 __device__ __forceinline__ void layernormRowStats(const float* x, int C, int lane, float& mu,
                                                   float& rstd) {
+  // Unrolled so the loads issue together; the additions stay one chain in order.
   float s = 0.0f;
+#pragma unroll 8
   for (int c = lane; c < C; c += 32) s += x[c];
   mu = warpSum(s) / C;
   float q = 0.0f;
+#pragma unroll 8
   for (int c = lane; c < C; c += 32) {
     const float d = x[c] - mu;
     q = fmaf(d, d, q);

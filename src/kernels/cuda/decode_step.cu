@@ -74,6 +74,10 @@ struct StepParams {
   // rows of stageRs floats from float stageOff of the dynamic shared memory, keys then values
   // (maxT rows each); stageRs 0: read from global memory.
   int stageRs, stageOff;
+  // With the stage, where C and the head size are powers of two and every layer's attn linear
+  // is f16: the qkv epilogue also puts head h's query, key and value into block h's shared
+  // memory (Dest::stage), so its attention reads none of them through L2 (run 27).
+  int qkvShared;
   const float *wte, *wpe, *lnfw, *lnfb;
   const int32_t* step;
   float *x, *y, *h, *att, *logits;
@@ -336,15 +340,18 @@ __device__ void flushTrace(const StepParams& p, const Trace& t) {
 //     bench/results/cuda-20261203-1343.txt);
 //   - where every block has at most one head of size 32 or 64 and it fits, block h copies its
 //     head's cached key and value rows 0..pos-1 of the next layer into shared memory (the
-//     stage, cp.async) a phase ahead, and attends from there; only row pos, which this launch
-//     writes, is read through L2 after the barrier. Measured: attention 15.8 -> 12.3 us per
-//     step, but the copies' issue sits on the same blocks' path (~100 KB per layer at the
-//     SM's L2 bandwidth), so the step gains ~0.6 us (bench/results/cuda-20261204-1555.txt).
+//     stage, cp.async) a phase ahead, and attends from there; row pos and the query, which
+//     this launch writes, are read through L2 after the barrier, or (qkvShared) stored into
+//     the stage and the attention's q by the qkv phase itself. Measured: attention 15.8 ->
+//     12.3 us per step, but the copies' issue sits on the same blocks' path (~100 KB per
+//     layer at the SM's L2 bandwidth), so the step gains ~0.6 us
+//     (bench/results/cuda-20261204-1555.txt); qkvShared 12.1 -> 10.75 (run 27).
 // Buffers are reused only across a barrier: lnY is written remotely in the attention phase
-// (y) and locally in the LayerNorm phases; hb (shared with the attention's scratch) remotely
-// in the fc phase; xs remotely in the two residual phases; each is read only in the phase
-// after its writes. The stage is its owner's alone: written by the copies and row pos, read
-// by its attention, rewritten only after it.
+// (y) and locally in the LayerNorm phases; hb (shared with the attention's scratch, whose q
+// the qkv phase writes remotely) remotely in the fc phase; xs remotely in the two residual
+// phases; each is read only in the phase after its writes. The stage is its owner's alone
+// (but for row pos, which the qkv phase may write remotely): written by the copies and row
+// pos, read by its attention, rewritten only after it.
 __host__ __device__ constexpr int rowFloats(int C) {
   return (C + 3) / 4 * 4;
 }
@@ -385,7 +392,8 @@ __device__ __forceinline__ void stageHead(const StepParams& p, float* base, cons
 }
 
 // Head h's attention (queryFixedHs) over its staged rows 0..pos-1 and row pos, which the qkv
-// phase of this launch wrote: read through L2 into the stage first.
+// phase of this launch wrote: read through L2 into the stage first, or (p.qkvShared) already
+// stored there and into sm.q by the qkv phase.
 __device__ void attendStaged(const StepParams& p, float* base, decode::Smem& sm, float* y,
                              const float* cache, int h, int pos) {
   const int C = p.C, hs = C / p.NH, rs = p.stageRs;
@@ -394,17 +402,20 @@ __device__ void attendStaged(const StepParams& p, float* base, decode::Smem& sm,
   float* ks = base + p.stageOff;
   float* vs = ks + p.maxT * rs;
   async::cpAsyncWait<0>();
-  for (int i = threadIdx.x; i < 2 * hs; i += kThreads) {
-    const int part = i / hs, d = i % hs;
-    (part ? vs : ks)[pos * rs + d] = __ldcg(head + pos * stride + (1 + part) * C + d);
+  if (!p.qkvShared) {
+    for (int i = threadIdx.x; i < 2 * hs; i += kThreads) {
+      const int part = i / hs, d = i % hs;
+      (part ? vs : ks)[pos * rs + d] = __ldcg(head + pos * stride + (1 + part) * C + d);
+    }
   }
   // queryFixedHs's first barrier publishes row pos and every thread's copies.
   const decode::SharedKv kv{ks, vs, rs};
   float* attRow = p.att + (int64_t)h * p.maxT;
+  const float* qRow = p.qkvShared ? nullptr : head + pos * stride;
   if (hs == 64)
-    decode::queryFixedHs<64>(sm, y, attRow, head + pos * stride, kv, pos + 1, hs);
+    decode::queryFixedHs<64>(sm, y, attRow, qRow, kv, pos + 1, hs);
   else
-    decode::queryFixedHs<32>(sm, y, attRow, head + pos * stride, kv, pos + 1, hs);
+    decode::queryFixedHs<32>(sm, y, attRow, qRow, kv, pos + 1, hs);
 }
 
 __device__ __forceinline__ int f16Vpl(int K) {
@@ -463,7 +474,22 @@ struct Dest {
   Epi e;
   float* global;
   float* shared;  // this block's copy (the same offset in every block)
+  // Store of the qkv row with StepParams::qkvShared: element j of head h's query also into
+  // block h's attention query (qs[j]), of its key and value into block h's stage row pos
+  // (stage[part * kvFloats + pos * rs + j], part 0 keys, 1 values). C = 1 << logC,
+  // head size 1 << logHs.
+  float *qs = nullptr, *stage = nullptr;
+  int logC = 0, logHs = 0, rs = 0, kvFloats = 0, pos = 0;
 };
+
+// The qkv element n (Dest::stage set) where its head's block reads it in the attention phase.
+__device__ __forceinline__ void storeQkvShared(cg::cluster_group& cl, const Dest& d, int n,
+                                               float v) {
+  const int part = n >> d.logC, w = n & ((1 << d.logC) - 1);
+  const int head = w >> d.logHs, j = w & ((1 << d.logHs) - 1);
+  float* dst = part == 0 ? d.qs + j : d.stage + (part - 1) * d.kvFloats + d.pos * d.rs + j;
+  *cl.map_shared_rank(dst, unsigned(head)) = v;
+}
 
 // One thread with its own column n.
 __device__ __forceinline__ void storeOne(cg::cluster_group& cl, const Dest& d, int n, float v) {
@@ -527,7 +553,10 @@ __device__ __forceinline__ void storeScattered(cg::cluster_group& cl, const Dest
   constexpr int R = 32 / scatterWidth<CB>();
   const int q = lane & (R - 1);
   if (d.e == Epi::Store) {
-    if (q == 0) d.global[n] = v;
+    if (q == 0) {
+      d.global[n] = v;
+      if (d.stage) storeQkvShared(cl, d, n, v);
+    }
     return;
   }
   const float o = d.e == Epi::Residual ? __fadd_rn(d.shared[n], v) : geluTanh(v);
@@ -763,7 +792,17 @@ __global__ void __launch_bounds__(kThreads, 1)
     {
       if (l > 0) arrive();
       const LnParams ln = loadLn(L.ln1w, L.ln1b, C);
-      linear2(cl, r, r.lnY, L.attn, C, 3 * C, {Epi::Store, L.cache + pos * stride, nullptr}, [&] {
+      Dest qkv{Epi::Store, L.cache + pos * stride, nullptr};
+      if (p.qkvShared) {
+        qkv.qs = att.q;
+        qkv.stage = base + p.stageOff;
+        qkv.logC = __ffs(C) - 1;
+        qkv.logHs = __ffs(hs) - 1;
+        qkv.rs = p.stageRs;
+        qkv.kvFloats = p.maxT * p.stageRs;
+        qkv.pos = pos;
+      }
+      linear2(cl, r, r.lnY, L.attn, C, 3 * C, qkv, [&] {
         if (l > 0) {
           wait();
           stamp(p, t, 11);
@@ -969,7 +1008,7 @@ int dynSmemCapBytes(int form) {
 // every block has at most one head, the head size is 32 or 64 (queryFixedHs), the rows are
 // 16-byte vectors and it all fits (p.stageRs, p.stageOff set; else 0). Form 1: none.
 size_t smemBytes(int form, StepParams& p, int blocks) {
-  p.stageRs = p.stageOff = 0;
+  p.stageRs = p.stageOff = p.qkvShared = 0;
   if (form == 1) return 0;
   const size_t rows = size_t(smem2Floats(p.C)) * sizeof(float);
   const int hs = p.C / p.NH;
@@ -984,6 +1023,8 @@ size_t smemBytes(int form, StepParams& p, int blocks) {
       staged <= size_t(dynSmemCapBytes(form))) {
     p.stageRs = rs;
     p.stageOff = off;
+    p.qkvShared = (p.C & (p.C - 1)) == 0;  // hs is 32 or 64
+    for (int l = 0; l < p.nLayer; ++l) p.qkvShared &= p.layers[l].attn.f16;
     return staged;
   }
   return rows;
