@@ -147,7 +147,8 @@ class Gpt2 {
   // logitsOut[V] gets the last step's logits. Needs cachedTokens() + n <= blockSize. Returns
   // false, having done nothing, where the step cannot be recorded (then decode token by token).
   // Full runs of kGreedyRunSteps steps replay one recorded graph of that many [step, pick]
-  // pairs (no launch from the host between steps); shorter runs and the rest replay the step
+  // pairs (no launch from the host between steps; a fused step makes its pick itself, one
+  // launch per token); shorter runs and the rest replay the step
   // graph and queue the pick per token. setGreedyRunGraphs(false): always the latter (benchmarks
   // compare the two; the picks and logits are the same).
   bool canDecodeGreedy() const;
