@@ -252,8 +252,7 @@ __device__ void head(const StepSmem& sm, const StepParams& p) {
 // Ops::greedyAdvance at the end of the step (DecodeStepArgs::greedyTokens), called by every
 // thread once the step's logits are written: a cluster barrier, then warp 0 of block 0 picks.
 // Each lane keeps the first largest non-NaN logit of its strided share, then a butterfly of
-// (value, index) pairs where the larger value, or on a tie the lower index, wins: one total
-// order, so the token is greedyAdvanceKernel's (std::max_element's) whatever the tree.
+// the kept pairs in the pick's order (decode_math.cuh): greedyAdvanceKernel's token.
 __device__ void greedyTail(const StepParams& p, int pos) {
   if (!p.tokens) return;
   cg::this_cluster().sync();  // every block's logits, visible at cluster scope
@@ -261,19 +260,15 @@ __device__ void greedyTail(const StepParams& p, int pos) {
   const int lane = int(threadIdx.x);
   float best = -INFINITY;
   int arg = -1;  // -1: nothing seen (all NaN so far)
-  for (int v = lane; v < p.V; v += 32) {
-    const float x = __ldcg(p.logits + v);
-    if (!isnan(x) && (arg < 0 || x > best)) best = x, arg = v;
-  }
+  for (int v = lane; v < p.V; v += 32) pickConsider(best, arg, __ldcg(p.logits + v), v);
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) {
     const float ob = __shfl_xor_sync(kFullMask, best, o);
     const int oi = __shfl_xor_sync(kFullMask, arg, o);
-    if (oi >= 0 && (arg < 0 || ob > best || (ob == best && oi < arg))) best = ob, arg = oi;
+    pickMerge(best, arg, ob, oi);
   }
   if (lane == 0) {
-    // max_element starts at logits[0]: a NaN there is never replaced; all-NaN also gives 0.
-    const int next = isnan(__ldcg(p.logits)) || arg < 0 ? 0 : arg;
+    const int next = pickToken(__ldcg(p.logits), arg);
     p.tokens[pos] = next;
     p.advance[0] = next;
     p.advance[1] = pos + 1;

@@ -9,6 +9,7 @@
 
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_reduce.cuh"
+#include "kernels/cuda/decode_math.cuh"
 #include "kernels/cuda/ops_kernels.cuh"
 
 namespace ptllm::cuda {
@@ -110,17 +111,14 @@ __global__ void embeddingStepKernel(float* out, const int32_t* step, const float
 }
 
 // One block: each thread keeps the first largest non-NaN logit of its strided share, then a
-// tree of (value, index) pairs where the larger value, or on a tie the lower index, wins — the
-// same token as a left-to-right std::max_element, which also never moves onto a NaN.
+// tree of (value, index) pairs merged in the pick's order (decode_math.cuh) — the same token as
+// a left-to-right std::max_element, which also never moves onto a NaN.
 constexpr int kArgmaxThreads = 256;
 __global__ void __launch_bounds__(kArgmaxThreads)
     greedyAdvanceKernel(int32_t* step, int32_t* tokens, const float* logits, int V) {
   float best = -INFINITY;
   int arg = -1;  // -1: nothing seen (all NaN so far)
-  for (int v = threadIdx.x; v < V; v += kArgmaxThreads) {
-    const float x = logits[v];
-    if (!isnan(x) && (arg < 0 || x > best)) best = x, arg = v;
-  }
+  for (int v = threadIdx.x; v < V; v += kArgmaxThreads) pickConsider(best, arg, logits[v], v);
   __shared__ float sb[kArgmaxThreads];
   __shared__ int si[kArgmaxThreads];
   sb[threadIdx.x] = best;
@@ -128,19 +126,14 @@ __global__ void __launch_bounds__(kArgmaxThreads)
   __syncthreads();
   for (int half = kArgmaxThreads / 2; half > 0; half >>= 1) {
     if (threadIdx.x < half) {
-      const float ob = sb[threadIdx.x + half];
-      const int oi = si[threadIdx.x + half];
-      const int mi = si[threadIdx.x];
-      if (oi >= 0 && (mi < 0 || ob > sb[threadIdx.x] || (ob == sb[threadIdx.x] && oi < mi))) {
-        sb[threadIdx.x] = ob;
-        si[threadIdx.x] = oi;
-      }
+      pickMerge(best, arg, sb[threadIdx.x + half], si[threadIdx.x + half]);
+      sb[threadIdx.x] = best;
+      si[threadIdx.x] = arg;
     }
     __syncthreads();
   }
   if (threadIdx.x == 0) {
-    // max_element starts at logits[0]: a NaN there is never replaced; all-NaN also gives 0.
-    const int next = isnan(logits[0]) || si[0] < 0 ? 0 : si[0];
+    const int next = pickToken(logits[0], si[0]);
     const int pos = step[1];
     tokens[pos] = next;
     step[0] = next;
