@@ -690,8 +690,8 @@ int Gpt2::queueStep(const PathEntry* path, bool fused, int form, int32_t* greedy
 
 // rec.greedyRun: kGreedyRunSteps times rec's step (the same launch: fused in rec's form, or the
 // op kernels) followed by the pick, in one graph; a fused step makes the pick at its end (one
-// launch per token: H200 run 25). If recording fails, greedy runs replay the
-// step per token from then on (said once).
+// launch per token: H200 run 25). If recording fails, greedy runs replay the step per token
+// from then on (said once).
 void Gpt2::recordGreedyRun(StepRecording& rec, const PathEntry* path, int32_t* ids) {
   int32_t* step = static_cast<int32_t*>(stepIds_->ptr);
   const float* logits = inferActs_->logits.data();

@@ -148,9 +148,9 @@ class Gpt2 {
   // false, having done nothing, where the step cannot be recorded (then decode token by token).
   // Full runs of kGreedyRunSteps steps replay one recorded graph of that many [step, pick]
   // pairs (no launch from the host between steps; a fused step makes its pick itself, one
-  // launch per token); shorter runs and the rest replay the step
-  // graph and queue the pick per token. setGreedyRunGraphs(false): always the latter (benchmarks
-  // compare the two; the picks and logits are the same).
+  // launch per token); shorter runs and the rest replay the step graph and queue the pick per
+  // token. setGreedyRunGraphs(false): always the latter (benchmarks compare the two; the picks
+  // and logits are the same).
   bool canDecodeGreedy() const;
   bool decodeGreedy(int32_t first, int n, const std::function<void(int32_t)>& onToken,
                     float* logitsOut);
