@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 
 #include "kernels/cuda/cuda_reduce.cuh"
+#include "kernels/greedy_pick.h"  // the greedy pick's order: pickConsider, pickMerge, pickToken
 
 namespace ptllm::cuda {
 
@@ -45,23 +46,6 @@ __device__ __forceinline__ float geluTanh(float x) {
   const float cx3 = __fmul_rn(__fmul_rn(x, kGeluC), x);  // (c x) x; times x in the FMA below
   const float u = __fmul_rn(__fmaf_rn(x, cx3, x), kGeluSqrt2OverPi);
   return __fmul_rn(__fmul_rn(x, 0.5f), __fadd_rn(tanhf(u), 1.0f));
-}
-
-// The greedy pick (Ops::greedyAdvance: std::max_element's token over the logits), as kept
-// (best, arg) pairs, arg -1 for nothing kept. pickConsider: a thread's scan in increasing
-// index, keeping the first largest non-NaN logit. pickMerge: of two kept pairs the larger
-// value, or on a tie the lower index, wins — one total order, so any tree of merges (the
-// op kernel's shared-memory tree, the fused step's butterfly) gives the same token. pickToken:
-// max_element starts at logits[0], so a NaN there is never replaced; all-NaN also gives 0.
-__device__ __forceinline__ void pickConsider(float& best, int& arg, float x, int v) {
-  if (!isnan(x) && (arg < 0 || x > best)) best = x, arg = v;
-}
-__device__ __forceinline__ void pickMerge(float& best, int& arg, float otherBest, int otherArg) {
-  if (otherArg >= 0 && (arg < 0 || otherBest > best || (otherBest == best && otherArg < arg)))
-    best = otherBest, arg = otherArg;
-}
-__device__ __forceinline__ int pickToken(float first, int arg) {
-  return isnan(first) || arg < 0 ? 0 : arg;
 }
 
 }  // namespace ptllm::cuda
