@@ -1,11 +1,14 @@
 // Checkpoints and training runs: bit-exact round trips, exact resume, HF GPT-2 layout, and the
 // errors a malformed checkpoint gives (library and CLI).
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <functional>
+#include <limits>
 
 #include "core/error.h"
 #include "core/file_io.h"
@@ -119,7 +122,7 @@ TEST(Checkpoint, MalformedModelsGiveOneLineErrorsNamingTheProblem) {
   Gpt2 m(*ops, smallConfig(10));
   m.initRandom(1);
   auto p = params(m);
-  std::vector<float> extra(64, 0.0f);
+  std::vector<float> extra(64, 0.0f), bad;
   const std::vector<BadCase> cases = {
       {"missing tensor", [](auto& ts, auto&) { ts.erase(ts.begin() + 3); }, "missing tensor"},
       {"unknown tensor",
@@ -143,6 +146,26 @@ TEST(Checkpoint, MalformedModelsGiveOneLineErrorsNamingTheProblem) {
       {"bad tokenizer",
        [](auto&, auto& meta) { meta["tokenizer"] = R"({"type":"char","vocab":[3,2]})"; },
        "not sorted"},
+      {"surrogate in the tokenizer",
+       [](auto&, auto& meta) { meta["tokenizer"] = R"({"type":"char","vocab":[10,65,55296]})"; },
+       "55296 is not a Unicode scalar value"},
+      // The config decides the allocation: one that the tensors do not fill is refused first
+      // (a block size of 2^20 would otherwise ask for far more than the file holds).
+      {"config larger than the tensors",
+       [](auto&, auto& meta) {
+         meta["config"] =
+             R"({"n_layer":2,"n_head":2,"n_embd":16,"block_size":1048576,"vocab_size":10})";
+       },
+       "wpe.weight has shape [16, 16], expected [1048576, 16]"},
+      {"non-finite weight",
+       [&](auto& ts, auto&) {
+         auto& wpe = ts[1];  // [block, embd]
+         ASSERT_EQ(wpe.name, "wpe.weight");
+         bad.assign(wpe.data, wpe.data + wpe.shape[0] * wpe.shape[1]);
+         bad[17] = std::numeric_limits<float>::infinity();
+         wpe.data = bad.data();
+       },
+       "tensor wpe.weight holds inf at element 17"},
   };
   for (const auto& bc : cases) {
     std::vector<safetensors::TensorToWrite> ts;
@@ -250,10 +273,73 @@ CliResult runCli(const std::string& args, const test::TempDir& dir) {
   return {WIFEXITED(rc) ? WEXITSTATUS(rc) : 128, readTextFile(errFile)};
 }
 
+TEST(Training, RefusesOutputsThatWouldOverwriteItsInputs) {
+  test::TempDir dir;
+  const std::string text = test::sampleText(3000);
+  test::writeText(dir.file("data.txt"), text);
+  auto ops = makeCpuOps();
+  Trainer t(*ops, tinyRun(dir, 2));
+  t.run(nullptr, {});
+  ASSERT_EQ(::symlink(dir.file("data.txt").c_str(), dir.file("link.safetensors").c_str()), 0);
+  test::writeText(dir.file("x.log.csv"), text);
+  ASSERT_TRUE(makeDirs(dir.file("sub")));
+  struct Case {
+    const char* what;
+    std::function<void(TrainOptions&)> edit;
+    std::string expect;
+  };
+  const Case cases[] = {
+      {"out is the data", [&](TrainOptions& o) { o.outPath = o.dataPath; }, "--data input"},
+      {"out links to the data", [&](TrainOptions& o) { o.outPath = dir.file("link.safetensors"); },
+       "--data input"},
+      {"the log would be the data",
+       [&](TrainOptions& o) {
+         o.dataPath = dir.file("x.log.csv");
+         o.outPath = dir.file("x.safetensors");
+       },
+       "x.log.csv over its --data input"},
+      {"out is the data through dot segments",
+       [&](TrainOptions& o) { o.outPath = dir.file("sub/../data.txt"); }, "--data input"},
+      {"out is the --init checkpoint",
+       [&](TrainOptions& o) {
+         o.initPath = dir.file("run.safetensors");
+         o.outPath = dir.file("run.safetensors");
+       },
+       "--init input"},
+      {"out is a directory", [&](TrainOptions& o) { o.outPath = dir.file("sub"); },
+       "is a directory"},
+      {"out's directory is missing",
+       [&](TrainOptions& o) { o.outPath = dir.file("nowhere/run.safetensors"); }, "does not exist"},
+  };
+  for (const Case& c : cases) {
+    TrainOptions o = tinyRun(dir, 2);
+    c.edit(o);
+    try {
+      Trainer bad(*ops, o);
+      ADD_FAILURE() << c.what << ": no error";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(c.expect), std::string::npos)
+          << c.what << ": " << e.what();
+    }
+  }
+  // Nothing was written over: the inputs are as they were.
+  EXPECT_EQ(readTextFile(dir.file("data.txt")), text);
+  EXPECT_EQ(readTextFile(dir.file("x.log.csv")), text);
+  EXPECT_FALSE(fileExists(dir.file("nowhere")));
+  // Resuming in place (no --out) still writes its own checkpoint.
+  TrainOptions resume;
+  resume.resumePath = dir.file("run.safetensors");
+  resume.steps = 3;
+  Trainer again(*ops, resume);
+  again.run(nullptr, {});
+  EXPECT_EQ(again.stepsDone(), 3);
+}
+
 TEST(Cli, BadInputGivesOneLineErrorAndNonZeroExit) {
   test::TempDir dir;
   test::writeText(dir.file("junk.safetensors"), "not a checkpoint at all");
   test::writeText(dir.file("short.txt"), "abc");
+  test::writeText(dir.file("one.txt"), "a");
   const std::pair<std::string, std::string> cases[] = {
       {"info " + dir.file("junk.safetensors"), "junk.safetensors"},
       {"sample --paths f32 --model " + dir.file("missing.safetensors"), "missing.safetensors"},
@@ -263,6 +349,26 @@ TEST(Cli, BadInputGivesOneLineErrorAndNonZeroExit) {
       {"train --paths f32 --data " + dir.file("nofile.txt") + " --out " + dir.file("o.safetensors"),
        "nofile.txt"},
       {"sample --paths nosuchpath", "nosuchpath"},
+      {"sample --paths ''", "--paths"},
+      {"--threads 100000 caps", "'100000' is not an integer from 0 to 1024"},
+      {"--threads abc caps", "'abc' is not an integer"},
+      {"--threads -1 caps", "'-1' is not an integer from 0"},
+      {"train --log-every 0 --data " + dir.file("short.txt") + " --out " +
+           dir.file("o.safetensors"),
+       "--log-every"},
+      {"train --init a.safetensors --resume b.safetensors --out " + dir.file("o.safetensors"),
+       "exclude each other"},
+      {"train --init a.safetensors --n-layer 2 --data x --out " + dir.file("o.safetensors"),
+       "--n-layer cannot be combined with --init"},
+      {"train --resume b.safetensors --lr 0.1", "--lr cannot be combined with --resume"},
+      {"train --data " + dir.file("short.txt") + " --out " + dir.path(), "is a directory"},
+      {"eval --batch-size 0 --data " + dir.file("short.txt"), "--batch-size"},
+      {"eval --paths f32 --data " + dir.file("one.txt"), "one.txt"},
+      {"bench train --steps 0", "--steps"},
+      {"bench train --batch-size 0", "--batch-size"},
+      {"bench gemm --iters 0", "--iters"},
+      {"bench matmul --iters -3", "--iters"},
+      {"bench sample --tokens 0", "--tokens"},
   };
   for (const auto& [args, needle] : cases) {
     auto r = runCli(args, dir);

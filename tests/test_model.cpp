@@ -195,6 +195,31 @@ TEST(Sampler, TopKAndTopPRestrictTheChoice) {
   EXPECT_EQ(sampleToken(logits.data(), 5, o, rng), 1);
 }
 
+TEST(Sampler, NaNLogitsAreNeverDrawnAndAllBrokenLogitsAreAnError) {
+  // Many NaNs among finite logits (enough that std::sort runs its introsort, where a comparator
+  // that is not a strict weak ordering reads out of bounds): only finite ones are drawn.
+  const int V = 1000;
+  std::vector<float> logits(V, std::nanf(""));
+  for (int i = 3; i < V; i += 7) logits[size_t(i)] = float(i % 13) * 0.1f;
+  logits[500] = 9.0f;  // 500 % 7 == 3: a finite slot, the largest
+  Rng rng(3);
+  SampleOptions o;
+  o.temperature = 1.0f;
+  for (int i = 0; i < 100; ++i) {
+    const int t = sampleToken(logits.data(), V, o, rng);
+    ASSERT_TRUE(t >= 0 && t < V);
+    EXPECT_FALSE(std::isnan(logits[size_t(t)])) << "drew NaN logit " << t;
+  }
+  o.topK = 1;
+  EXPECT_EQ(sampleToken(logits.data(), V, o, rng), 500);
+  o.topK = 0;
+  logits[7] = INFINITY;
+  EXPECT_EQ(sampleToken(logits.data(), V, o, rng), 7);
+  std::vector<float> broken(V, std::nanf(""));
+  broken[10] = -INFINITY;
+  EXPECT_THROW(sampleToken(broken.data(), V, o, rng), Error);
+}
+
 TEST(Tokenizer, RoundTripsUnicodeAndNamesMissingCharacters) {
   auto tok = CharTokenizer::fromText("héllo wörld\n", "t");
   EXPECT_EQ(tok.decode(tok.encode("wörld héllo", "p")), "wörld héllo");

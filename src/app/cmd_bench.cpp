@@ -44,11 +44,11 @@ struct ModelArgs {
 };
 
 void addModelOptions(CLI::App* cmd, ModelArgs& a) {
-  cmd->add_option("--n-layer", a.cfg.nLayer)->capture_default_str();
-  cmd->add_option("--n-head", a.cfg.nHead)->capture_default_str();
-  cmd->add_option("--n-embd", a.cfg.nEmbd)->capture_default_str();
-  cmd->add_option("--block-size", a.cfg.blockSize)->capture_default_str();
-  cmd->add_option("--vocab", a.cfg.vocabSize)->capture_default_str();
+  cmd->add_option("--n-layer", a.cfg.nLayer)->capture_default_str()->check(intRange(1));
+  cmd->add_option("--n-head", a.cfg.nHead)->capture_default_str()->check(intRange(1));
+  cmd->add_option("--n-embd", a.cfg.nEmbd)->capture_default_str()->check(intRange(1));
+  cmd->add_option("--block-size", a.cfg.blockSize)->capture_default_str()->check(intRange(1));
+  cmd->add_option("--vocab", a.cfg.vocabSize)->capture_default_str()->check(intRange(1));
 }
 
 std::string pathName(Gpt2& m) {
@@ -281,18 +281,19 @@ void addBenchCommand(CLI::App& app, GlobalOptions& g) {
   auto a = std::make_shared<ModelArgs>();
   auto* train = cmd->add_subcommand("train", "training tokens/s on random tokens");
   addModelOptions(train, *a);
-  train->add_option("--batch-size", a->batch)->capture_default_str();
-  train->add_option("--steps", a->steps)->capture_default_str();
-  train->add_option("--warmup", a->warmup)->capture_default_str();
+  train->add_option("--batch-size", a->batch)->capture_default_str()->check(intRange(1));
+  train->add_option("--steps", a->steps)->capture_default_str()->check(intRange(1));
+  train->add_option("--warmup", a->warmup)->capture_default_str()->check(intRange(0));
   train->callback([a, &g] {
     g.apply();
     benchTrain(*a, g);
   });
   auto* sample = cmd->add_subcommand("sample", "greedy sampling tokens/s with the KV cache");
   addModelOptions(sample, *a);
-  sample->add_option("--tokens", a->tokens)->capture_default_str();
+  sample->add_option("--tokens", a->tokens)->capture_default_str()->check(intRange(1));
   sample->add_option("--repeats", a->repeats, "timed generations; the median is reported")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(intRange(1));
   sample->add_flag("!--no-fused-step", a->fusedStep,
                    "record the op kernels per decode step (default: the faster of them and "
                    "the fused launch, timed on the first step)");
@@ -303,20 +304,21 @@ void addBenchCommand(CLI::App& app, GlobalOptions& g) {
       ->add_option("--decode-cluster", a->decodeCluster,
                    "always the fused decode launch, of this many blocks (0: the faster form, "
                    "the backend's launch size)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(intRange(0, 16));
   sample
       ->add_option("--decode-form", a->decodeForm,
                    "always the fused decode launch, in this form (1, 2, 3; 0: the fastest form, "
                    "timed on the first step)")
       ->capture_default_str()
-      ->check(CLI::Range(0, 8));
+      ->check(intRange(0, 8));
   sample->callback([a, &g] {
     g.apply();
     benchSample(*a, g);
   });
   auto iters = std::make_shared<int>(50);
   auto* mm = cmd->add_subcommand("matmul", "f16-storage vs f32 matmul, GB/s of weight reads");
-  mm->add_option("--iters", *iters)->capture_default_str();
+  mm->add_option("--iters", *iters)->capture_default_str()->check(intRange(1));
   mm->callback([iters, &g] {
     g.apply();
     benchMatmul(g, *iters);
@@ -324,8 +326,8 @@ void addBenchCommand(CLI::App& app, GlobalOptions& g) {
   auto* gemm = cmd->add_subcommand(
       "gemm", "the training step's GEMMs, GFLOP/s warm and cold against the FMA ceiling");
   addModelOptions(gemm, *a);
-  gemm->add_option("--batch-size", a->batch)->capture_default_str();
-  gemm->add_option("--iters", *iters)->capture_default_str();
+  gemm->add_option("--batch-size", a->batch)->capture_default_str()->check(intRange(1));
+  gemm->add_option("--iters", *iters)->capture_default_str()->check(intRange(1));
   gemm->callback([a, iters, &g] {
     g.apply();
     benchGemm(*a, *iters);

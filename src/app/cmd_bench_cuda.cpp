@@ -197,7 +197,7 @@ void addCudaBenchSubcommand(CLI::App* bench, GlobalOptions& g) {
   auto gemm = std::make_shared<bool>(true);
   auto* cmd = bench->add_subcommand(
       "cuda", "GPU: copy GB/s, each path's GEMV, tensor-core GEMM vs cuBLASLt (needs a GPU)");
-  cmd->add_option("--iters", *iters)->capture_default_str();
+  cmd->add_option("--iters", *iters)->capture_default_str()->check(intRange(1));
   cmd->add_flag("!--no-gemm", *gemm, "Skip the 8192^3 GEMM");
   cmd->callback([iters, gemm, &g] {
     g.apply();

@@ -1,5 +1,4 @@
 // ptllm eval: loss (nats/token) on the last 10% of a text file, the split train validates on.
-#include <algorithm>
 #include <cmath>
 #include <cstdio>
 
@@ -22,7 +21,9 @@ void addEvalCommand(CLI::App& app, GlobalOptions& g) {
   auto a = std::make_shared<Args>();
   cmd->add_option("--model", a->model, "checkpoint (default: the bundled model)");
   cmd->add_option("--data", a->data, "UTF-8 text file")->required();
-  cmd->add_option("--batch-size", a->batch, "windows per forward")->capture_default_str();
+  cmd->add_option("--batch-size", a->batch, "windows per forward")
+      ->capture_default_str()
+      ->check(intRange(1));
   cmd->add_flag("--all", a->all, "evaluate the whole file, not its last 10%");
   cmd->callback([a, &g] {
     g.apply();
@@ -34,7 +35,11 @@ void addEvalCommand(CLI::App& app, GlobalOptions& g) {
     const auto tokens = lm.tokenizer->encode(readTextFile(a->data), a->data);
     const auto split = splitTokens(tokens);
     const auto& eval = a->all ? tokens : split.val;
-    const double loss = evaluateLoss(*lm.model, eval, std::max(1, a->batch));
+    if (eval.size() < 2)
+      fail("{}: {} has {} characters; evaluation needs at least 2 (the whole file has {}{})",
+           a->data, a->all ? "the file" : "its last 10%", eval.size(), tokens.size(),
+           a->all ? "" : "; --all evaluates all of it");
+    const double loss = evaluateLoss(*lm.model, eval, a->batch);
     std::printf("%s: loss %.4f nats/token (%.4f bits) over %zu tokens (%s)\n", a->data.c_str(),
                 loss, loss / std::log(2.0), eval.size(), a->all ? "whole file" : "last 10%");
   });

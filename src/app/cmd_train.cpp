@@ -53,26 +53,69 @@ void addTrainCommand(CLI::App& app, GlobalOptions& g) {
   cmd->add_option("--out", o->outPath, "checkpoint to write (.safetensors)");
   cmd->add_option("--init", o->initPath, "fine-tune this checkpoint (uses its tokenizer)");
   cmd->add_option("--resume", o->resumePath, "continue exactly from this checkpoint");
-  cmd->add_option("--n-layer", o->model.nLayer, "layers")->capture_default_str();
-  cmd->add_option("--n-head", o->model.nHead, "attention heads")->capture_default_str();
-  cmd->add_option("--n-embd", o->model.nEmbd, "embedding width")->capture_default_str();
-  cmd->add_option("--block-size", o->model.blockSize, "context length")->capture_default_str();
-  cmd->add_option("--batch-size", o->batchSize, "sequences per step")->capture_default_str();
-  cmd->add_option("--steps", o->steps, "optimisation steps")->capture_default_str();
+  cmd->add_option("--n-layer", o->model.nLayer, "layers")
+      ->capture_default_str()
+      ->check(intRange(1));
+  cmd->add_option("--n-head", o->model.nHead, "attention heads")
+      ->capture_default_str()
+      ->check(intRange(1));
+  cmd->add_option("--n-embd", o->model.nEmbd, "embedding width")
+      ->capture_default_str()
+      ->check(intRange(1));
+  cmd->add_option("--block-size", o->model.blockSize, "context length")
+      ->capture_default_str()
+      ->check(intRange(1));
+  cmd->add_option("--batch-size", o->batchSize, "sequences per step")
+      ->capture_default_str()
+      ->check(intRange(1));
+  cmd->add_option("--steps", o->steps, "optimisation steps")
+      ->capture_default_str()
+      ->check(intRange(1));
   cmd->add_option("--lr", o->lr, "peak learning rate")->capture_default_str();
-  cmd->add_option("--warmup", o->warmup, "linear warm-up steps")->capture_default_str();
+  cmd->add_option("--warmup", o->warmup, "linear warm-up steps")
+      ->capture_default_str()
+      ->check(intRange(0));
   cmd->add_option("--eval-every", o->evalEvery, "validate every N steps (0: at the end)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(intRange(0));
   cmd->add_option("--eval-batches", o->evalBatches, "batches per periodic validation")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(intRange(1));
   cmd->add_option("--save-every", o->saveEvery, "checkpoint every N steps (0: at the end)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(intRange(0));
   cmd->add_option("--seed", o->seed, "random seed (init and batches)")->capture_default_str();
   cmd->add_option("--weight-decay", o->weightDecay, "AdamW weight decay on 2-D weights")
       ->capture_default_str();
   cmd->add_option("--log-every", *logEvery, "print a line every N steps when not on a terminal")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(intRange(1));
   cmd->callback([o, logEvery, &g, cmd] {
+    // Options the run would silently ignore are refused: --init takes the model's shape from
+    // its checkpoint, and --resume continues the saved run with the saved options.
+    const auto given = [&](std::initializer_list<const char*> names) -> std::string {
+      for (const char* n : names)
+        if (cmd->count(n) > 0) return n;
+      return {};
+    };
+    const std::string shape = given({"--n-layer", "--n-head", "--n-embd", "--block-size"});
+    if (!o->initPath.empty() && !o->resumePath.empty())
+      fail(
+          "train: --init and --resume exclude each other (--resume continues a run; --init "
+          "starts a fine-tune)");
+    if (!o->initPath.empty() && !shape.empty())
+      fail("train: {} cannot be combined with --init {} (the model's shape is the checkpoint's)",
+           shape, o->initPath);
+    if (!o->resumePath.empty()) {
+      const std::string other = given(
+          {"--n-layer", "--n-head", "--n-embd", "--block-size", "--batch-size", "--lr", "--warmup",
+           "--eval-every", "--eval-batches", "--save-every", "--seed", "--weight-decay"});
+      if (!other.empty())
+        fail(
+            "train: {} cannot be combined with --resume {} (a resumed run keeps its saved "
+            "options; only --steps, --out and --data may change)",
+            other, o->resumePath);
+    }
     g.apply();
     if (!o->resumePath.empty() && cmd->count("--steps") == 0) o->steps = 0;  // keep the saved count
     Engine engine = makeEngine(g);

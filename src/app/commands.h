@@ -2,7 +2,10 @@
 // Options every command shares live in GlobalOptions.
 #pragma once
 
+#include <fmt/format.h>
+
 #include <CLI/CLI.hpp>
+#include <climits>
 #include <string>
 
 namespace ptllm::app {
@@ -16,6 +19,31 @@ struct GlobalOptions {
   // Applies threads; called by each command before it runs.
   void apply() const;
 };
+
+// The check of an integer option: accepts lo..hi and otherwise says, in one line, what was typed
+// and what is accepted (CLI11's own checks parse as double and print the range's raw limits).
+inline CLI::Validator intRange(long long lo, long long hi = INT_MAX) {
+  const std::string accepted = hi == INT_MAX ? fmt::format("an integer >= {}", lo)
+                                             : fmt::format("an integer from {} to {}", lo, hi);
+  return CLI::Validator(
+      [lo, hi, accepted](std::string& text) -> std::string {
+        size_t used = 0;
+        long long v = 0;
+        try {
+          v = std::stoll(text, &used);
+        } catch (const std::exception&) {
+          used = 0;
+        }
+        if (used == 0 || used != text.size() || v < lo || v > hi)
+          return fmt::format("'{}' is not {}", text, accepted);
+        return {};
+      },
+      hi == INT_MAX ? fmt::format("INT>={}", lo) : fmt::format("INT in {}..{}", lo, hi));
+}
+
+// The most worker threads --threads takes: far above any machine this runs on, far below what
+// exhausts a process's threads.
+inline constexpr int kMaxThreads = 1024;
 
 // Exit status a command sets when it must end non-zero without an error message.
 inline int exitCode = 0;

@@ -13,8 +13,15 @@ int main(int argc, char** argv) {
   app.fallthrough();  // global options may follow the subcommand
   ptllm::app::GlobalOptions g;
   app.add_option("--threads", g.threads, "worker threads (0: all cores)")
-      ->check(CLI::NonNegativeNumber);
-  app.add_option("--paths", g.paths, "fast paths: auto | f32 | NAME[,NAME]");
+      ->check(ptllm::app::intRange(0, ptllm::app::kMaxThreads));
+  app.add_option("--paths", g.paths, "fast paths: auto | f32 | NAME[,NAME]")
+      ->check(CLI::Validator(
+          [](std::string& text) -> std::string {
+            return text.find_first_not_of(" \t") == std::string::npos
+                       ? "is empty; expected auto, f32 or path names"
+                       : "";
+          },
+          "auto|f32|NAME[,NAME]"));
   app.add_option("--device", g.device, "cpu | cuda | auto");
   app.add_flag("--regate", g.regate,
                "ignore cached gate verdicts: re-run every gate and rewrite the cache");
@@ -32,7 +39,10 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help
+    // A bad option is one line, as every other error: what was wrong and where help is.
+    std::fprintf(stderr, "ptllm: error: %s (ptllm --help lists the options)\n", e.what());
+    return e.get_exit_code();
   } catch (const ptllm::Error& e) {
     std::fflush(stdout);
     std::fprintf(stderr, "ptllm: error: %s\n", e.what());

@@ -6,6 +6,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -22,9 +23,23 @@ std::vector<uint8_t> readBinaryFile(const std::string& path) {
   return data;
 }
 
-std::string readTextFile(const std::string& path) {
-  auto bytes = readBinaryFile(path);
-  return std::string(bytes.begin(), bytes.end());
+std::string readTextFile(const std::string& path, size_t maxBytes) {
+  if (isDirectory(path)) fail("{}: is a directory, expected a file", path);
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail("{}: cannot open: {}", path, std::strerror(errno));
+  // Read in chunks up to the limit: a device such as /dev/zero or a runaway pipe ends with an
+  // error instead of filling memory.
+  std::string text;
+  std::vector<char> chunk(size_t(1) << 20);
+  while (in) {
+    in.read(chunk.data(), std::streamsize(chunk.size()));
+    const size_t got = size_t(in.gcount());
+    if (text.size() + got > maxBytes)
+      fail("{}: larger than {} MiB; text inputs are limited to that", path, maxBytes >> 20);
+    text.append(chunk.data(), got);
+  }
+  if (in.bad()) fail("{}: read error", path);
+  return text;
 }
 
 AtomicFileWriter::AtomicFileWriter(std::string path) : path_(std::move(path)) {
@@ -95,6 +110,16 @@ bool makeDirs(const std::string& dir) {
     if (::mkdir(part.c_str(), 0755) != 0 && errno != EEXIST) return false;
   }
   return isDirectory(dir);
+}
+
+bool sameFile(const std::string& a, const std::string& b) {
+  struct stat sa, sb;
+  if (::stat(a.c_str(), &sa) == 0 && ::stat(b.c_str(), &sb) == 0)
+    return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+  std::error_code ea, eb;
+  const auto ca = std::filesystem::weakly_canonical(a, ea);
+  const auto cb = std::filesystem::weakly_canonical(b, eb);
+  return !ea && !eb && ca == cb;
 }
 
 bool isDirectory(const std::string& path) {

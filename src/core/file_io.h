@@ -10,7 +10,9 @@
 
 namespace ptllm {
 
-std::string readTextFile(const std::string& path);
+// A text input (training data, a config): at most maxBytes, else an error naming the file.
+inline constexpr size_t kMaxTextBytes = size_t(1) << 30;
+std::string readTextFile(const std::string& path, size_t maxBytes = kMaxTextBytes);
 std::vector<uint8_t> readBinaryFile(const std::string& path);
 
 // Writes `data` to `path` atomically. Throws ptllm::Error naming the path on failure.
@@ -36,5 +38,8 @@ bool fileExists(const std::string& path);
 // mkdir -p with mode 0755; false when the directory does not exist afterwards.
 bool makeDirs(const std::string& dir);
 bool isDirectory(const std::string& path);
+// Whether two paths name one file: the same inode where both exist, else the same path once
+// symbolic links and dot segments are resolved.
+bool sameFile(const std::string& a, const std::string& b);
 
 }  // namespace ptllm

@@ -1,7 +1,9 @@
 #include "gate/paths.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <mutex>
@@ -70,9 +72,11 @@ PathSelection PathSelection::parse(const std::string& text, const std::vector<Pa
     return sel;
   }
   auto knownList = [&] {
-    std::string s = "auto, f32";
-    for (const auto& e : known) s += ", " + e.name;
-    return s;
+    // One name per path: a path registered for several devices is listed once.
+    std::vector<std::string> names = {"auto", "f32"};
+    for (const auto& e : known)
+      if (std::find(names.begin(), names.end(), e.name) == names.end()) names.push_back(e.name);
+    return fmt::format("{}", fmt::join(names, ", "));
   };
   sel.mode = Mode::Only;
   size_t pos = 0;

@@ -1,5 +1,7 @@
 #include "model/checkpoint.h"
 
+#include <cmath>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <set>
@@ -115,23 +117,38 @@ LoadedModel loadCheckpoint(Ops& ops, const std::string& path) {
            cfg->vocabSize);
   }
 
-  out.model = std::make_unique<Gpt2>(ops, *cfg);
-  Gpt2& m = *out.model;
-  std::vector<float> host(size_t(m.numParams()), 0.0f);
-  std::set<std::string> seen;
+  // The config decides what is allocated: every tensor is checked against the layout it
+  // describes before anything is, so that a wrong or hostile config (say a block size of 2^20
+  // over a small file) is an error here instead of a request for gigabytes.
+  const std::vector<ParamInfo> layout = gpt2ParamLayout(*cfg);
+  std::map<std::string, const ParamInfo*> byName;
+  for (const ParamInfo& p : layout) byName[p.name] = &p;
+  std::map<std::string, const st::TensorInfo*> tensorFor;  // layout name -> file tensor
   for (const auto& t : f.tensors()) {
     const std::string name = canonicalName(t.name);
     if (isIgnorable(name)) continue;
-    const ParamInfo* p = m.findParam(name);
-    if (!p) fail("{}: unknown tensor {} for a GPT-2 model", file, t.name);
-    if (!seen.insert(name).second) fail("{}: tensor {} appears twice", file, name);
-    if (t.shape != p->shape)
+    auto it = byName.find(name);
+    if (it == byName.end()) fail("{}: unknown tensor {} for a GPT-2 model", file, t.name);
+    if (!tensorFor.emplace(name, &t).second) fail("{}: tensor {} appears twice", file, name);
+    if (t.shape != it->second->shape)
       fail("{}: tensor {} has shape {}, expected {}", file, t.name, shapeString(t.shape),
-           shapeString(p->shape));
-    f.readF32Into(t.name, host.data() + p->offset, size_t(p->numel()));
+           shapeString(it->second->shape));
   }
-  for (const auto& p : m.paramInfos())
-    if (!seen.count(p.name)) fail("{}: missing tensor {}", file, p.name);
+  for (const ParamInfo& p : layout)
+    if (!tensorFor.count(p.name)) fail("{}: missing tensor {}", file, p.name);
+
+  out.model = std::make_unique<Gpt2>(ops, *cfg);
+  Gpt2& m = *out.model;
+  std::vector<float> host(size_t(m.numParams()), 0.0f);
+  for (const ParamInfo& p : layout) {
+    const st::TensorInfo& t = *tensorFor.at(p.name);
+    float* values = host.data() + p.offset;
+    f.readF32Into(t.name, values, size_t(p.numel()));
+    for (int64_t i = 0; i < p.numel(); ++i)
+      if (!std::isfinite(values[i]))
+        fail("{}: tensor {} holds {} at element {}; weights must be finite", file, t.name,
+             values[i], i);
+  }
   ops.upload(m.paramData(), host.data());
   return out;
 }

@@ -48,15 +48,17 @@ Gpt2::Gpt2(Ops& ops, const ModelConfig& cfg) : ops_(ops), cfg_(cfg) {
 
 Gpt2::~Gpt2() = default;
 
-void Gpt2::buildParams() {
-  const int64_t C = cfg_.nEmbd, V = cfg_.vocabSize, T = cfg_.blockSize;
+std::vector<ParamInfo> gpt2ParamLayout(const ModelConfig& cfg) {
+  const int64_t C = cfg.nEmbd, V = cfg.vocabSize, T = cfg.blockSize;
+  std::vector<ParamInfo> params;
+  int64_t offset = 0;
   auto add = [&](const std::string& name, Shape shape, bool decay) {
-    params_.push_back({name, std::move(shape), numParams_, decay});
-    numParams_ += params_.back().numel();
+    params.push_back({name, std::move(shape), offset, decay});
+    offset += params.back().numel();
   };
   add("wte.weight", {V, C}, true);
   add("wpe.weight", {T, C}, true);
-  for (int l = 0; l < cfg_.nLayer; ++l) {
+  for (int l = 0; l < cfg.nLayer; ++l) {
     const std::string p = "h." + std::to_string(l) + ".";
     add(p + "ln_1.weight", {C}, false);
     add(p + "ln_1.bias", {C}, false);
@@ -73,7 +75,13 @@ void Gpt2::buildParams() {
   }
   add("ln_f.weight", {C}, false);
   add("ln_f.bias", {C}, false);
-  PTLLM_ASSERT(numParams_ == cfg_.parameterCount());
+  PTLLM_ASSERT(offset == cfg.parameterCount());
+  return params;
+}
+
+void Gpt2::buildParams() {
+  params_ = gpt2ParamLayout(cfg_);
+  numParams_ = cfg_.parameterCount();
   for (size_t i = 0; i < params_.size(); ++i) paramIndex_[params_[i].name] = i;
 
   auto P = [&](const std::string& n) { return &params_[paramIndex_.at(n)]; };

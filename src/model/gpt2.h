@@ -29,6 +29,10 @@ struct ParamInfo {
   int64_t numel() const { return numelOf(shape); }
 };
 
+// The parameters a config describes, in the flat buffer's order, with their offsets: known
+// before anything is allocated (the loader checks a file's tensors against it first).
+std::vector<ParamInfo> gpt2ParamLayout(const ModelConfig& cfg);
+
 class Gpt2 {
  public:
   Gpt2(Ops& ops, const ModelConfig& cfg);

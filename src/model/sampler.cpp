@@ -13,14 +13,24 @@ int32_t sampleToken(const float* logits, int V, const SampleOptions& opt, Rng& r
   if (opt.temperature <= 0.0f) return int32_t(std::max_element(logits, logits + V) - logits);
   std::vector<int32_t> idx(static_cast<size_t>(V));
   std::iota(idx.begin(), idx.end(), 0);
-  // Highest logits first; ties by id keep it deterministic.
+  // Highest logits first; ties by id keep it deterministic. A NaN ranks as -inf (never drawn
+  // while any logit is finite), which also keeps the order a strict weak ordering that std::sort
+  // needs: compared as they are, NaNs would be "equal" to every logit.
+  const auto rank = [&](int32_t i) { return std::isnan(logits[i]) ? -INFINITY : logits[i]; };
   std::sort(idx.begin(), idx.end(), [&](int32_t a, int32_t b) {
-    return logits[a] != logits[b] ? logits[a] > logits[b] : a < b;
+    const float ra = rank(a), rb = rank(b);
+    return ra != rb ? ra > rb : a < b;
   });
-  size_t keep = size_t(V);
+  const float top = rank(idx[0]);
+  if (top == -INFINITY) fail("sampling: every logit is NaN or -inf; the model's output is broken");
+  if (top == INFINITY) return idx[0];  // infinitely more likely than anything finite
+  // Only logits above -inf (NaNs rank there) can be drawn: they come first.
+  size_t keep = size_t(
+      std::partition_point(idx.begin(), idx.end(), [&](int32_t i) { return rank(i) > -INFINITY; }) -
+      idx.begin());
   if (opt.topK > 0) keep = std::min(keep, size_t(opt.topK));
   std::vector<double> p(keep);
-  const double mx = logits[idx[0]];
+  const double mx = top;
   double sum = 0;
   for (size_t i = 0; i < keep; ++i)
     sum += (p[i] = std::exp((logits[idx[i]] - mx) / opt.temperature));

@@ -109,8 +109,11 @@ CharTokenizer CharTokenizer::fromJson(const std::string& text, const std::string
     fail("{}: tokenizer vocab is missing or empty", where);
   std::vector<char32_t> vocab;
   for (const auto& e : j["vocab"]) {
-    if (!e.is_number_unsigned() || e.get<uint64_t>() > 0x10FFFF)
-      fail("{}: tokenizer vocab entry {} is not a code point", where, e.dump());
+    // A Unicode scalar value: a code point that is not a UTF-16 surrogate (0xD800..0xDFFF),
+    // which UTF-8 cannot encode and decoding never yields.
+    if (!e.is_number_unsigned() || e.get<uint64_t>() > 0x10FFFF ||
+        (e.get<uint64_t>() >= 0xD800 && e.get<uint64_t>() <= 0xDFFF))
+      fail("{}: tokenizer vocab entry {} is not a Unicode scalar value", where, e.dump());
     vocab.push_back(char32_t(e.get<uint32_t>()));
   }
   if (!std::is_sorted(vocab.begin(), vocab.end()) ||

@@ -1,7 +1,10 @@
 #include "model/trainer.h"
 
+#include <unistd.h>
+
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -133,6 +136,12 @@ Trainer::Trainer(Ops& ops, TrainOptions opts) : ops_(ops), opts_(std::move(opts)
   if (!(opts_.lr > 0) || !std::isfinite(opts_.lr))
     fail("train: --lr must be > 0 (got {})", opts_.lr);
   if (opts_.warmup < 0) fail("train: --warmup must be >= 0 (got {})", opts_.warmup);
+  if (opts_.evalEvery < 0) fail("train: --eval-every must be >= 0 (got {})", opts_.evalEvery);
+  if (opts_.evalBatches < 1) fail("train: --eval-batches must be >= 1 (got {})", opts_.evalBatches);
+  if (opts_.saveEvery < 0) fail("train: --save-every must be >= 0 (got {})", opts_.saveEvery);
+  if (!(opts_.weightDecay >= 0) || !std::isfinite(opts_.weightDecay))
+    fail("train: --weight-decay must be >= 0 (got {})", opts_.weightDecay);
+  checkOutputPaths();
   const std::string text = opts_.text.empty() ? readTextFile(opts_.dataPath) : opts_.text;
 
   if (!opts_.initPath.empty() && !model_) {
@@ -164,6 +173,31 @@ Trainer::Trainer(Ops& ops, TrainOptions opts) : ops_(ops), opts_(std::move(opts)
 }
 
 Trainer::~Trainer() = default;
+
+void Trainer::checkOutputPaths() const {
+  // Before any work: a run must not end, after hours, on an --out it cannot write, nor write
+  // its checkpoint, optimizer state or log over an input.
+  const std::string& out = opts_.outPath;
+  if (isDirectory(out)) fail("train: --out {} is a directory; give a .safetensors file path", out);
+  const std::string parent = std::filesystem::path(out).parent_path().string();
+  if (!parent.empty() && !isDirectory(parent))
+    fail("train: --out {}: directory {} does not exist", out, parent);
+  if (::access(parent.empty() ? "." : parent.c_str(), W_OK) != 0)
+    fail("train: --out {}: directory {} is not writable", out, parent.empty() ? "." : parent);
+  const std::pair<const char*, std::string> inputs[] = {
+      {"--data", opts_.text.empty() ? opts_.dataPath : std::string()},
+      {"--init", opts_.initPath},
+      {"--resume", opts_.resumePath}};
+  for (const std::string& written : {out, optimizerPathFor(out), logPath()}) {
+    for (const auto& [flag, input] : inputs) {
+      // Resuming in place rewrites its own checkpoint: that is what --resume without --out means.
+      if (input.empty() || (written == out && std::string(flag) == "--resume")) continue;
+      if (sameFile(written, input))
+        fail("train: the run would write {} over its {} input {}; choose another --out", written,
+             flag, input);
+    }
+  }
+}
 
 float Trainer::learningRate(int step) const {
   if (step < opts_.warmup) return opts_.lr * float(step + 1) / float(opts_.warmup);

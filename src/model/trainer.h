@@ -86,6 +86,7 @@ class Trainer {
 
  private:
   float learningRate(int step) const;
+  void checkOutputPaths() const;
   void appendLog(const StepReport& r);
 
   Ops& ops_;
