@@ -2,8 +2,12 @@
 // stream, streaming generation, a fine-tune from start to download, the limits, concurrent
 // clients, and a clean shutdown with streams open. The server runs in-process on a tiny model
 // the test makes; gate cache and telemetry go to a temp dir.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -522,6 +526,35 @@ TEST_F(Serve, ConcurrentClientsAreAllServed) {
   EXPECT_EQ(ok.load(), kThreads * kEach);
   EXPECT_EQ(bad.load(), 0);
   for (const auto& t : texts) EXPECT_EQ(t, texts[0]);  // same greedy request, same text
+}
+
+// A slow-loris client: many connections that send part of a request head and then stall. They
+// must neither take the threads every other client needs nor keep the server from stopping.
+TEST_F(Serve, StalledConnectionsDoNotStarveOtherClients) {
+  Server s(model_);
+  std::vector<int> stalled;
+  for (int i = 0; i < 80; ++i) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    ASSERT_GE(fd, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(uint16_t(s.port()));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+    const std::string part = "GET /api/status HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ";
+    ASSERT_EQ(::send(fd, part.data(), part.size(), MSG_NOSIGNAL), ssize_t(part.size()));
+    stalled.push_back(fd);
+  }
+  // Every stalled connection now holds a thread (the old fixed pool had 48): a normal client
+  // is still answered, without waiting for any of them to time out.
+  httplib::Client c("127.0.0.1", s.port());
+  c.set_read_timeout(4, 0);  // below the server's per-read timeout of 5 s
+  auto r = c.Get("/api/status");
+  ASSERT_TRUE(r) << "no answer while 80 connections stall";
+  EXPECT_EQ(r->status, 200);
+  json ok = parse(postJson(c, "/api/generate", R"({"prompt":"a","tokens":3})"));
+  EXPECT_EQ(ok["tokens"], 3);
+  for (int fd : stalled) ::close(fd);
 }
 
 TEST_F(Serve, ShutdownWithOpenStreamsDoesNotHang) {

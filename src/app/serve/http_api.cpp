@@ -5,7 +5,13 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <mutex>
 #include <set>
+#include <thread>
+#include <vector>
 
 #include "app/serve/web_assets.h"
 #include "core/error.h"
@@ -18,7 +24,69 @@ using namespace std::chrono_literals;
 // An idle stream writes an SSE comment this often: it keeps proxies awake and, since a write is
 // how a server learns its peer left, frees a departed subscriber's slot within seconds.
 constexpr auto kKeepAlive = 2s;
-constexpr int kHttpThreads = 48;  // > subscribers + queue consumers that block on a job
+// Each connection holds a thread while the server reads its request, however slowly the client
+// sends it (cpp-httplib's read timeout is per read, not per request). So connections get
+// threads on demand, up to a cap far above what a page and its tabs open: a few dozen stalled
+// sockets (a slow-loris client) no longer take every thread, and a request that stalls for
+// kReadTimeout between reads is dropped.
+constexpr size_t kMaxConnectionThreads = 256;
+constexpr auto kReadTimeout = 5s;
+
+// cpp-httplib's task queue with threads started as connections need them (its own ThreadPool
+// starts a fixed count up front): idle threads take queued connections first, and a thread
+// is added while none is idle, up to `max`.
+class ConnectionThreads : public httplib::TaskQueue {
+ public:
+  explicit ConnectionThreads(size_t max) : max_(max) {}
+  ~ConnectionThreads() override { shutdown(); }
+
+  void enqueue(std::function<void()> fn) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    jobs_.push_back(std::move(fn));
+    // Each idle thread will take one queued connection; any beyond them gets a new thread
+    // (counted idle from its start, so that a burst does not start one per wake-up race).
+    if (jobs_.size() > idle_ && threads_.size() < max_) {
+      ++idle_;
+      threads_.emplace_back([this] { work(); });
+    } else {
+      cv_.notify_one();
+    }
+  }
+
+  void shutdown() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stopping_) return;
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    for (std::thread& t : threads_) t.join();
+  }
+
+ private:
+  void work() {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      cv_.wait(lock, [&] { return stopping_ || !jobs_.empty(); });
+      --idle_;
+      if (jobs_.empty()) return;  // stopping, and every accepted connection was served
+      std::function<void()> fn = std::move(jobs_.front());
+      jobs_.pop_front();
+      lock.unlock();
+      fn();
+      lock.lock();
+      ++idle_;
+    }
+  }
+
+  const size_t max_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> jobs_;
+  std::vector<std::thread> threads_;
+  size_t idle_ = 0;
+  bool stopping_ = false;
+};
 
 const char* kJson = "application/json";
 
@@ -94,8 +162,8 @@ struct HttpApi::Impl {
 
 void HttpApi::Impl::routes() {
   svr.set_payload_max_length(pg.limits().maxBodyBytes);
-  svr.new_task_queue = [] { return new httplib::ThreadPool(kHttpThreads); };
-  svr.set_read_timeout(30, 0);
+  svr.new_task_queue = [] { return new ConnectionThreads(kMaxConnectionThreads); };
+  svr.set_read_timeout(kReadTimeout);
   svr.set_write_timeout(30, 0);
 
   // DNS rebinding: a loopback server answers only to loopback names.

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <future>
+#include <limits>
 
 #include "app/caps_report.h"
 #include "app/engine.h"
@@ -46,9 +47,16 @@ class Fields {
       if (!it->is_string()) throw ApiError(400, name + ": expected a string");
     } else if constexpr (std::is_integral_v<T>) {
       if (!it->is_number_integer()) throw ApiError(400, name + ": expected an integer");
-      if (std::is_unsigned_v<T> && it->is_number_integer() && !it->is_number_unsigned() &&
-          it->get<int64_t>() < 0)
+      if (std::is_unsigned_v<T> && !it->is_number_unsigned() && it->get<int64_t>() < 0)
         throw ApiError(400, name + ": expected a non-negative integer");
+      // The value as JSON holds it (up to 64 bits), checked against T before any conversion:
+      // 4294967297 must not arrive as 1.
+      const bool fits = it->is_number_unsigned()
+                            ? it->get<uint64_t>() <= uint64_t(std::numeric_limits<T>::max())
+                            : it->get<int64_t>() >= int64_t(std::numeric_limits<T>::min()) &&
+                                  (std::is_unsigned_v<T> ||
+                                   it->get<int64_t>() <= int64_t(std::numeric_limits<T>::max()));
+      if (!fits) throw ApiError(400, fmt::format("{}: {} is out of range", name, it->dump()));
     } else {
       if (!it->is_number()) throw ApiError(400, name + ": expected a number");
     }
