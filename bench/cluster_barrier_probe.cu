@@ -41,8 +41,7 @@ __global__ void __cluster_dims__(kBlocks, 1, 1) __launch_bounds__(kThreads, 1)
     if (mode == 1) {
       if (t < writers) {
         const float v = float(it + t);
-        for (unsigned b = 0; b < kBlocks; ++b)
-          cluster.map_shared_rank(row, b)[rank * kRow + t] = v;
+        for (unsigned b = 0; b < kBlocks; ++b) cluster.map_shared_rank(row, b)[rank * kRow + t] = v;
       }
       cluster.sync();
       acc += row[((it * 7) % kBlocks) * kRow + (t % writers)];
@@ -74,9 +73,8 @@ int main(int argc, char** argv) {
   struct Case {
     const char* name;
     int mode, writers;
-  } cases[] = {{"barrier", 0, 0},      {"push 16", 1, 16},    {"push 64", 1, 64},
-               {"push 256", 1, 256},   {"pull 16", 2, 16},    {"pull 64", 2, 64},
-               {"pull 256", 2, 256}};
+  } cases[] = {{"barrier", 0, 0},  {"push 16", 1, 16}, {"push 64", 1, 64},  {"push 256", 1, 256},
+               {"pull 16", 2, 16}, {"pull 64", 2, 64}, {"pull 256", 2, 256}};
   for (const Case& c : cases) {
     double best = 1e30;
     for (int rep = 0; rep < 5; ++rep) {
