@@ -14,19 +14,27 @@
 
 namespace ptllm {
 
-std::vector<uint8_t> readBinaryFile(const std::string& path) {
+namespace {
+
+// An input file opened for reading, or an error naming it (a directory, or why it won't open).
+std::ifstream openInput(const std::string& path) {
   if (isDirectory(path)) fail("{}: is a directory, expected a file", path);
   std::ifstream in(path, std::ios::binary);
   if (!in) fail("{}: cannot open: {}", path, std::strerror(errno));
+  return in;
+}
+
+}  // namespace
+
+std::vector<uint8_t> readBinaryFile(const std::string& path) {
+  std::ifstream in = openInput(path);
   std::vector<uint8_t> data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   if (in.bad()) fail("{}: read error", path);
   return data;
 }
 
 std::string readTextFile(const std::string& path, size_t maxBytes) {
-  if (isDirectory(path)) fail("{}: is a directory, expected a file", path);
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail("{}: cannot open: {}", path, std::strerror(errno));
+  std::ifstream in = openInput(path);
   // Read in chunks up to the limit: a device such as /dev/zero or a runaway pipe ends with an
   // error instead of filling memory.
   std::string text;

@@ -180,10 +180,10 @@ void Trainer::checkOutputPaths() const {
   const std::string& out = opts_.outPath;
   if (isDirectory(out)) fail("train: --out {} is a directory; give a .safetensors file path", out);
   const std::string parent = std::filesystem::path(out).parent_path().string();
-  if (!parent.empty() && !isDirectory(parent))
-    fail("train: --out {}: directory {} does not exist", out, parent);
-  if (::access(parent.empty() ? "." : parent.c_str(), W_OK) != 0)
-    fail("train: --out {}: directory {} is not writable", out, parent.empty() ? "." : parent);
+  const std::string dir = parent.empty() ? "." : parent;
+  if (!isDirectory(dir)) fail("train: --out {}: directory {} does not exist", out, dir);
+  if (::access(dir.c_str(), W_OK) != 0)
+    fail("train: --out {}: directory {} is not writable", out, dir);
   const std::pair<const char*, std::string> inputs[] = {
       {"--data", opts_.text.empty() ? opts_.dataPath : std::string()},
       {"--init", opts_.initPath},

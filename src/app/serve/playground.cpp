@@ -9,7 +9,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <future>
-#include <limits>
+#include <utility>
 
 #include "app/caps_report.h"
 #include "app/engine.h"
@@ -51,11 +51,8 @@ class Fields {
         throw ApiError(400, name + ": expected a non-negative integer");
       // The value as JSON holds it (up to 64 bits), checked against T before any conversion:
       // 4294967297 must not arrive as 1.
-      const bool fits = it->is_number_unsigned()
-                            ? it->get<uint64_t>() <= uint64_t(std::numeric_limits<T>::max())
-                            : it->get<int64_t>() >= int64_t(std::numeric_limits<T>::min()) &&
-                                  (std::is_unsigned_v<T> ||
-                                   it->get<int64_t>() <= int64_t(std::numeric_limits<T>::max()));
+      const bool fits = it->is_number_unsigned() ? std::in_range<T>(it->get<uint64_t>())
+                                                 : std::in_range<T>(it->get<int64_t>());
       if (!fits) throw ApiError(400, fmt::format("{}: {} is out of range", name, it->dump()));
     } else {
       if (!it->is_number()) throw ApiError(400, name + ": expected a number");
