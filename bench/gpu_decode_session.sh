@@ -3,7 +3,7 @@
 # binary and the CUDA tests, run those tests (the fused step's bit-identity under each of its
 # forms too), then the decode bench for each form with its phase profile, PyTorch's peer, and
 # `ptllm bench cuda` (GEMV schedules), each stage under its own timeout. Files under $OUT:
-# env.txt build.log tests.log decode.txt torch.txt benchcuda.txt summary.txt.
+# env.txt build.log tests.log decode.txt bundled.txt torch.txt benchcuda.txt summary.txt.
 #   bench/gpu_decode_session.sh    env: OUT, JOBS, DEPS (as bench/gpu_session.sh)
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -72,6 +72,16 @@ say "decode"
 } > "$OUT/decode.txt" 2>&1
 grep -E "^# form|^# default|^# .*op kernels|us_token" "$OUT/decode.txt" |
   sed -E 's/.*path=([^ ]+).*step_form=([^ ]+).*greedy_graph=([^ ]+).*us_token=([^ ]+) tok_s=([^ ]+) step_us=([^ ]+).*/  \1 \2 greedy_graph=\3 us_token=\4 tok_s=\5 step_us=\6/'
+say "bundled"
+{
+  # The bundled checkpoint's greedy text on the default choice (fused step, f16-storage when its
+  # gates pass), on f32 on the GPU, and on f32 on the CPU: 200 characters each, to compare.
+  for dev in "cuda" "cuda --paths f32" "cpu --paths f32"; do
+    echo "# bundled model, greedy, --device $dev"
+    timeout 60 $BIN --device $dev sample --prompt "ROMEO:" --tokens 200 --temperature 0 2>&1
+  done
+} > "$OUT/bundled.txt" 2>&1
+grep "^# bundled" "$OUT/bundled.txt"
 say "torch"
 env -u LD_LIBRARY_PATH PYTHONUNBUFFERED=1 timeout 70 python3 bench/torch_cuda_peer.py \
   > "$OUT/torch.txt" 2>&1
