@@ -4,10 +4,16 @@
 # forms too), then the decode bench for each form with its phase profile, PyTorch's peer, and
 # `ptllm bench cuda` (GEMV schedules), each stage under its own timeout. Files under $OUT:
 # env.txt build.log tests.log decode.txt bundled.txt torch.txt benchcuda.txt summary.txt.
-#   bench/gpu_decode_session.sh    env: OUT, JOBS, DEPS (as bench/gpu_session.sh)
+#   bench/gpu_decode_session.sh    env: OUT, JOBS, DEPS (as bench/gpu_session.sh);
+#     STAGES (default "tests decode bundled torch benchcuda": which stages run, in that order),
+#     FORMS ("4 3 2 1": the fused forms timed), PROFILE_FORMS ("4 3 1": the forms profiled)
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-/tmp/gpu-decode}
+STAGES=${STAGES:-tests decode bundled torch benchcuda}
+FORMS=${FORMS:-4 3 2 1}
+PROFILE_FORMS=${PROFILE_FORMS:-4 3 1}
+want() { [[ " $STAGES " == *" $1 "* ]]; }
 JOBS=${JOBS:-$(nproc)}
 mkdir -p "$OUT"
 cd "$ROOT"
@@ -27,6 +33,7 @@ say "build exit $?"
 grep -E "warning|error" "$OUT/build.log" | head -10
 [[ -x build/ptllm ]] || exit 1
 
+if want tests; then
 say "tests"
 {
   # The decode-step tests run every fused form themselves (Ops::decodeStepForms()).
@@ -34,15 +41,17 @@ say "tests"
 } > "$OUT/tests.log" 2>&1
 grep -E "tests passed|tests failed|\(Failed\)|Timeout" "$OUT/tests.log" | head -20
 say "tests done"
+fi
 
 BIN=build/ptllm
 BUNDLED="--n-layer 4 --n-head 4 --n-embd 256 --block-size 256"
 SAMPLE="bench sample $BUNDLED --tokens 200 --repeats 5"
+if want decode; then
 say "decode"
 {
   echo "# $(nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader 2>/dev/null)"
   $BIN --device cuda bench sample $BUNDLED --tokens 200 > /dev/null 2>&1 || true  # clocks up
-  for form in 3 2 1; do
+  for form in $FORMS; do
     for paths in "" "--paths f32"; do
       echo "# form $form $paths: fused x16"
       timeout 20 $BIN --device cuda $paths $SAMPLE --decode-cluster 16 --decode-form $form 2>&1 |
@@ -61,7 +70,7 @@ say "decode"
     echo "# $paths op kernels"
     timeout 20 $BIN --device cuda $paths $SAMPLE --no-fused-step 2>&1 | grep "^peer="
   done
-  for form in 3 1; do
+  for form in $PROFILE_FORMS; do
     for paths in "" "--paths f32"; do
       echo "# profile: form $form $paths"
       PTLLM_DECODE_PROFILE=1 timeout 20 $BIN --device cuda $paths \
@@ -72,6 +81,8 @@ say "decode"
 } > "$OUT/decode.txt" 2>&1
 grep -E "^# form|^# default|^# .*op kernels|us_token" "$OUT/decode.txt" |
   sed -E 's/.*path=([^ ]+).*step_form=([^ ]+).*greedy_graph=([^ ]+).*us_token=([^ ]+) tok_s=([^ ]+) step_us=([^ ]+).*/  \1 \2 greedy_graph=\3 us_token=\4 tok_s=\5 step_us=\6/'
+fi
+if want bundled; then
 say "bundled"
 {
   # The bundled checkpoint's greedy text on the default choice (fused step, f16-storage when its
@@ -82,15 +93,20 @@ say "bundled"
   done
 } > "$OUT/bundled.txt" 2>&1
 grep "^# bundled" "$OUT/bundled.txt"
+fi
+if want torch; then
 say "torch"
 env -u LD_LIBRARY_PATH PYTHONUNBUFFERED=1 timeout 70 python3 bench/torch_cuda_peer.py \
   > "$OUT/torch.txt" 2>&1
 grep "^peer=" "$OUT/torch.txt" | sed -E 's/^(.{0,150}).*/\1/'
+fi
+if want benchcuda; then
 say "bench cuda"
 timeout "${BENCH_TIMEOUT:-90}" $BIN --device cuda bench cuda > "$OUT/benchcuda.txt" 2>&1
 grep -E "mode=(copy|gemv|gemv_graph)" "$OUT/benchcuda.txt" | grep -E "f16|variant|copy|cublaslt" |
   sed -E 's/peer=ptllm mode=//; s/ copies=[0-9]+//; s/weight_bytes=[0-9]+ //'
-cat "$OUT/decode.txt" "$OUT/torch.txt" "$OUT/benchcuda.txt" > /tmp/all.txt
+fi
+cat "$OUT"/decode.txt "$OUT"/torch.txt "$OUT"/benchcuda.txt > /tmp/all.txt 2> /dev/null
 python3 bench/compare_cuda.py /tmp/all.txt > "$OUT/summary.txt" 2>&1
 grep -E "GEMV|decode" "$OUT/summary.txt" | head -20
 say "done"

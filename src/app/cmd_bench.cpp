@@ -308,7 +308,7 @@ void addBenchCommand(CLI::App& app, GlobalOptions& g) {
       ->check(intRange(0, 16));
   sample
       ->add_option("--decode-form", a->decodeForm,
-                   "always the fused decode launch, in this form (1, 2, 3; 0: the fastest form, "
+                   "always the fused decode launch, in this form (1-4; 0: the fastest form, "
                    "timed on the first step)")
       ->capture_default_str()
       ->check(intRange(0, 8));

@@ -86,4 +86,34 @@ __device__ inline void tmaLoadMulticast(uint32_t dst, const CUtensorMap* map, in
       : "memory");
 }
 
+// ---- stores into another CTA of the cluster, completing on its mbarrier ----
+// The shared::cluster address of shared-memory offset `addr` in CTA `rank` of the cluster.
+__device__ inline uint32_t clusterAddr(uint32_t addr, uint32_t rank) {
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(addr), "r"(rank));
+  return remote;
+}
+// v into `remote` (a clusterAddr), its 4 bytes completed on the mbarrier `remoteBar` of the same
+// CTA: the receiver waits on its barrier (mbarWaitCluster) instead of a cluster barrier.
+// Measured on the H200 (bench/cluster_barrier_probe.cu): 16 x 16 floats handed to all 16 CTAs
+// this way in 0.34 us, against 0.70 us as plain remote stores and a cluster barrier.
+__device__ inline void stAsync(uint32_t remote, float v, uint32_t remoteBar) {
+  asm volatile(
+      "st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];\n" ::"r"(remote),
+      "r"(__float_as_uint(v)), "r"(remoteBar)
+      : "memory");
+}
+// mbarWait with acquire at cluster scope: what other CTAs stored with stAsync is visible after.
+__device__ inline void mbarWaitCluster(uint32_t bar, uint32_t parity) {
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], "
+        "%2;\n selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+
 }  // namespace ptllm::cuda::async

@@ -1,7 +1,8 @@
 // The fused decode step (Ops::decodeStepFused): the whole one-token forward of a GPT-2 in one
 // launch of one thread-block cluster. The op-by-op step is ~46 small dependent kernels whose
 // cost is their launch latency; here the same work is phases of one kernel separated by
-// hardware cluster barriers (5 per layer), every intermediate row in L2 or shared memory.
+// hand-offs (5 per layer: hardware cluster barriers, or in form 4 mbarriers that the rows'
+// stores complete), every intermediate row in L2 or shared memory.
 //
 // Phases, per layer (x is the residual stream in global memory):
 //   1. each block: LayerNorm(x) into shared memory; qkv = ln @ W_attn + b -> cache row pos
@@ -70,7 +71,7 @@ struct StepLayer {
 };
 struct StepParams {
   int C, NH, V, maxT, nLayer;
-  // Forms 2 and 3: the head's cached key and value rows staged in shared memory (stageHeadRows):
+  // Forms 2-4: the head's cached key and value rows staged in shared memory (stageHeadRows):
   // rows of stageRs floats from float stageOff of the dynamic shared memory, keys then values
   // (maxT rows each); stageRs 0: read from global memory.
   int stageRs, stageOff;
@@ -475,7 +476,22 @@ struct Dest {
   // head size 1 << logHs.
   float *qs = nullptr, *stage = nullptr;
   int logC = 0, logHs = 0, rs = 0, kvFloats = 0, pos = 0;
+  // Form 4: the hand-off's mbarrier (shared-memory address, the same in every block); the
+  // remote stores are st.async completing on it. 0: plain stores and a cluster barrier.
+  uint32_t bar = 0;
 };
+
+// v into dst (shared memory, the same offset in every block) of block `rank`: a plain remote
+// store, published by the cluster barrier that follows (forms 2 and 3), or with bar (form 4)
+// st.async, its bytes completed on that block's mbarrier of the hand-off.
+__device__ __forceinline__ void putShared(cg::cluster_group& cl, float* dst, unsigned rank, float v,
+                                          uint32_t bar) {
+  if (bar)
+    async::stAsync(async::clusterAddr(async::smemAddr(dst), rank), v,
+                   async::clusterAddr(bar, rank));
+  else
+    *cl.map_shared_rank(dst, rank) = v;
+}
 
 // The qkv element n (Dest::stage set) where its head's block reads it in the attention phase.
 __device__ __forceinline__ void storeQkvShared(cg::cluster_group& cl, const Dest& d, int n,
@@ -483,7 +499,7 @@ __device__ __forceinline__ void storeQkvShared(cg::cluster_group& cl, const Dest
   const int part = n >> d.logC, w = n & ((1 << d.logC) - 1);
   const int head = w >> d.logHs, j = w & ((1 << d.logHs) - 1);
   float* dst = part == 0 ? d.qs + j : d.stage + (part - 1) * d.kvFloats + d.pos * d.rs + j;
-  *cl.map_shared_rank(dst, unsigned(head)) = v;
+  putShared(cl, dst, unsigned(head), v, d.bar);
 }
 
 // One thread with its own column n.
@@ -493,7 +509,7 @@ __device__ __forceinline__ void storeOne(cg::cluster_group& cl, const Dest& d, i
     return;
   }
   const float o = d.e == Epi::Residual ? __fadd_rn(d.shared[n], v) : geluTanh(v);
-  for (unsigned r = 0; r < gridDim.x; ++r) cl.map_shared_rank(d.shared, r)[n] = o;
+  for (unsigned r = 0; r < gridDim.x; ++r) putShared(cl, d.shared + n, r, o, d.bar);
   d.global[n] = o;
 }
 
@@ -555,7 +571,7 @@ __device__ __forceinline__ void storeScattered(cg::cluster_group& cl, const Dest
     return;
   }
   const float o = d.e == Epi::Residual ? __fadd_rn(d.shared[n], v) : geluTanh(v);
-  for (int r = q; r < int(gridDim.x); r += R) cl.map_shared_rank(d.shared, unsigned(r))[n] = o;
+  for (int r = q; r < int(gridDim.x); r += R) putShared(cl, d.shared + n, unsigned(r), o, d.bar);
   if (q == 0) d.global[n] = o;
 }
 
@@ -738,11 +754,46 @@ __device__ __forceinline__ void linear2(cg::cluster_group& cl, const Rows& r, co
   }
 }
 
-// kSplit (form 3): every barrier that a linear's early loads sit behind is split into its
-// arrive, before those loads are issued, and its wait, where form 2 has the whole barrier, so
-// the arrive's release has only the phase's own stores to complete. Measured on the H200: the
-// f16-storage step 88.1 -> 85.0 us (bench/results/cuda-20261203-1820-timeline.txt).
-template <bool kSplit>
+// How the blocks of forms 2-4 hand a phase's rows to each other (the five hand-offs of a
+// layer: qkv -> attention, attention -> proj, proj -> LayerNorm 2, fc -> fcProj, fcProj -> the
+// next layer's LayerNorm 1):
+//   kFullBarrier (form 2): remote stores, then a cluster barrier;
+//   kSplitBarrier (form 3): every barrier that a linear's early loads sit behind is split into
+//     its arrive, before those loads are issued, and its wait, where form 2 has the whole
+//     barrier, so the arrive's release has only the phase's own stores to complete. Measured on
+//     the H200: the f16-storage step 88.1 -> 85.0 us
+//     (bench/results/cuda-20261203-1820-timeline.txt);
+//   kAsyncHandoff (form 4): no cluster barrier inside the step. Each hand-off has an mbarrier
+//     in every block; the rows' remote stores are st.async completing their bytes on the
+//     receiving block's barrier, and every block, once all its threads are past the phase
+//     (__syncthreads), also sends each block a 4-byte token on it. A block waits on its own
+//     barrier for the bytes it is owed (handoffBytes) — the tokens make that "every block has
+//     finished the phase", which is what lets the rows be single-buffered as in forms 2-3: a
+//     buffer is written only by a phase that comes after a hand-off every block has sent
+//     after its last read of it. Each barrier completes once per layer (parity l & 1), and
+//     thread 0 re-arms it (expect_tx) as soon as it has waited, which is before the block's
+//     next tokens, so no block's bytes for layer l + 1 can arrive before it is re-armed.
+//     Probe (bench/cluster_barrier_probe.cu, H200): 0.34-0.67 us per all-to-all hand-off
+//     against 0.70-1.12 us for stores and a barrier. Measured in the step (H100, run 34):
+//     hand-offs 24.2 -> 16.9 us per step, 71.9 -> 64.5 us/token
+//     (bench/results/cuda-20261206-0325-handoff-form4-h100.txt).
+//     Form 4 needs the qkv phase to hand the query and row pos to the attention block in
+//     shared memory (StepParams::qkvShared); elsewhere the launch runs form 3.
+constexpr int kFullBarrier = 0, kSplitBarrier = 1, kAsyncHandoff = 2;
+enum Handoff { kQkvHandoff, kAttHandoff, kProjHandoff, kFcHandoff, kFcProjHandoff, kHandoffs };
+
+// The bytes block blockIdx.x receives in hand-off k of a layer: every block's token, and the
+// rows: head h's query, key and value (3 hs floats, blocks < NH), y and x (C), h (4C).
+__device__ __forceinline__ uint32_t handoffBytes(const StepParams& p, int k) {
+  const uint32_t tokens = gridDim.x * uint32_t(sizeof(float));
+  const uint32_t C = uint32_t(p.C), hs = uint32_t(p.C / p.NH);
+  const uint32_t floats = k == kQkvHandoff  ? (int(blockIdx.x) < p.NH ? 3 * hs : 0)
+                          : k == kFcHandoff ? 4 * C
+                                            : C;
+  return tokens + floats * uint32_t(sizeof(float));
+}
+
+template <int kSync>
 __global__ void __launch_bounds__(kThreads, 1)
     decodeStepKernel2(const __grid_constant__ StepParams p) {
   extern __shared__ float4 dynSmem[];
@@ -756,17 +807,43 @@ __global__ void __launch_bounds__(kThreads, 1)
   r.red = reinterpret_cast<float(*)[33]>(r.hb + hbFloats(C));
   decode::Smem& att = *reinterpret_cast<decode::Smem*>(r.hb);
   cg::cluster_group cl = cg::this_cluster();
-  // Form 2: the whole barrier at wait(); form 3: arrive() where the phase's stores end.
-  auto arrive = [] {
-    if constexpr (kSplit) asm volatile("barrier.cluster.arrive.aligned;\n" ::: "memory");
+  __shared__ alignas(8) unsigned long long handoffBars[kHandoffs];  // form 4
+  __shared__ float tokenSink[kMaxCluster];                          // form 4: the tokens land here
+  auto bar = [&](int k) { return kSync == kAsyncHandoff ? async::smemAddr(&handoffBars[k]) : 0u; };
+  // Hand-off k of layer l: arrive(k) where the phase's stores end, wait(k, l) where the next
+  // phase needs them. Form 2: the whole barrier at wait(); form 3: the barrier's arrive and
+  // wait; form 4: the tokens, and the wait on the block's own mbarrier.
+  auto arrive = [&](int k) {
+    if constexpr (kSync == kSplitBarrier) {
+      asm volatile("barrier.cluster.arrive.aligned;\n" ::: "memory");
+    } else if constexpr (kSync == kAsyncHandoff) {
+      __syncthreads();  // every thread of the block is past the phase
+      if (threadIdx.x < gridDim.x)
+        async::stAsync(async::clusterAddr(async::smemAddr(&tokenSink[blockIdx.x]), threadIdx.x),
+                       0.f, async::clusterAddr(bar(k), threadIdx.x));
+    }
   };
-  auto wait = [&cl] {
-    if constexpr (kSplit)
+  auto wait = [&](int k, int l) {
+    if constexpr (kSync == kSplitBarrier) {
       asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
-    else
+    } else if constexpr (kSync == kAsyncHandoff) {
+      async::mbarWaitCluster(bar(k), unsigned(l) & 1u);
+      if (threadIdx.x == 0 && l + 1 < p.nLayer) async::mbarExpectTx(bar(k), handoffBytes(p, k));
+    } else {
       cl.sync();
+    }
   };
   PTLLM_DECODE_TRACE(t);
+  // Every block of the cluster has started (and, form 4, armed its barriers) before any block
+  // stores into another's shared memory: arrive here, wait before the first such store.
+  if constexpr (kSync == kAsyncHandoff) {
+    if (threadIdx.x == 0 && p.nLayer > 0) {
+      for (int k = 0; k < kHandoffs; ++k) async::mbarInit(bar(k), 1);
+      async::mbarFenceInit();
+      for (int k = 0; k < kHandoffs; ++k) async::mbarExpectTx(bar(k), handoffBytes(p, k));
+    }
+  }
+  asm volatile("barrier.cluster.arrive.aligned;\n" ::: "memory");
 
   if (p.nLayer > 0) stageHead(p, base, p.layers[0].cache, pos);
   // x = wte[tok] + wpe[pos] in every block (block 0 also stores the global x).
@@ -785,9 +862,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int l = 0; l < p.nLayer; ++l) {
     const StepLayer& L = p.layers[l];
     {
-      if (l > 0) arrive();
+      if (l > 0) arrive(kFcProjHandoff);
       const LnParams ln = loadLn(L.ln1w, L.ln1b, C);
       Dest qkv{Epi::Store, L.cache + pos * stride, nullptr};
+      qkv.bar = bar(kQkvHandoff);
       if (p.qkvShared) {
         qkv.qs = att.q;
         qkv.stage = base + p.stageOff;
@@ -799,15 +877,22 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       linear2(cl, r, r.lnY, L.attn, C, 3 * C, qkv, [&] {
         if (l > 0) {
-          wait();
+          wait(kFcProjHandoff, l - 1);
           stamp(p, t, 11);
+        } else {
+          asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");  // every block started
         }
         layernormTo(r.lnY, r.xs, ln, C);
         stamp(p, t, 0);
       });
     }
     stamp(p, t, 1);
-    cl.sync();
+    if constexpr (kSync == kAsyncHandoff) {
+      arrive(kQkvHandoff);
+      wait(kQkvHandoff, l);
+    } else {
+      cl.sync();
+    }
     stamp(p, t, 2);
     for (int h = blockIdx.x; h < p.NH; h += gridDim.x) {
       float* y = r.lnY + h * hs;
@@ -818,40 +903,46 @@ __global__ void __launch_bounds__(kThreads, 1)
                       hs);
       __syncthreads();
       for (int i = threadIdx.x; i < hs * int(gridDim.x); i += kThreads)
-        cl.map_shared_rank(y, unsigned(i / hs))[i % hs] = y[i % hs];
+        putShared(cl, y + i % hs, unsigned(i / hs), y[i % hs], bar(kAttHandoff));
       for (int i = threadIdx.x; i < hs; i += kThreads) p.y[h * hs + i] = y[i];
       __syncthreads();  // att is reused by the next head
     }
     stamp(p, t, 3);
-    arrive();
+    arrive(kAttHandoff);
     // The next layer's rows, while the proj phase runs (this layer's stage reads are done).
     if (l + 1 < p.nLayer) stageHead(p, base, p.layers[l + 1].cache, pos);
-    linear2(cl, r, r.lnY, L.proj, C, C, {Epi::Residual, p.x, r.xs}, [&] {
-      wait();
+    Dest proj{Epi::Residual, p.x, r.xs};
+    proj.bar = bar(kProjHandoff);
+    linear2(cl, r, r.lnY, L.proj, C, C, proj, [&] {
+      wait(kAttHandoff, l);
       stamp(p, t, 4);
     });
     stamp(p, t, 5);
     {
-      arrive();
+      arrive(kProjHandoff);
       const LnParams ln = loadLn(L.ln2w, L.ln2b, C);
-      linear2(cl, r, r.lnY, L.fc, C, 4 * C, {Epi::Gelu, p.h, r.hb}, [&] {
-        wait();
+      Dest fc{Epi::Gelu, p.h, r.hb};
+      fc.bar = bar(kFcHandoff);
+      linear2(cl, r, r.lnY, L.fc, C, 4 * C, fc, [&] {
+        wait(kProjHandoff, l);
         stamp(p, t, 6);
         layernormTo(r.lnY, r.xs, ln, C);
         stamp(p, t, 7);
       });
     }
     stamp(p, t, 8);
-    arrive();
-    linear2(cl, r, r.hb, L.fcProj, 4 * C, C, {Epi::Residual, p.x, r.xs}, [&] {
-      wait();
+    arrive(kFcHandoff);
+    Dest fcProj{Epi::Residual, p.x, r.xs};
+    fcProj.bar = bar(kFcProjHandoff);
+    linear2(cl, r, r.hb, L.fcProj, 4 * C, C, fcProj, [&] {
+      wait(kFcHandoff, l);
       stamp(p, t, 9);
     });
     stamp(p, t, 10);
   }
   // The head's first rows (a warp per vocabulary row, lanes over k) and the final LayerNorm's
   // parameters, read before the last barrier.
-  if (p.nLayer > 0) arrive();
+  if (p.nLayer > 0) arrive(kFcProjHandoff);
   const LnParams lnf = loadLn(p.lnfw, p.lnfb, C);
   const int lane = threadIdx.x & 31;
   const int gw = blockIdx.x * kWarps + (threadIdx.x >> 5), W = gridDim.x * kWarps;
@@ -863,8 +954,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     hr[i] = gw < p.V && k < C ? __ldg(p.wte + (int64_t)gw * C + k) : 0.f;
   }
   if (p.nLayer > 0) {
-    wait();
+    wait(kFcProjHandoff, p.nLayer - 1);
     stamp(p, t, 11);
+  } else {
+    asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
   }
   layernormTo(r.lnY, r.xs, lnf, C);
   stamp(p, t, 12);
@@ -965,16 +1058,18 @@ StepLinear stepLinear(const Ops::DecodeLinear& l) {
 
 // The forms (Ops::DecodeStepArgs::form): 1 is decodeStepKernel (rows shared through L2), 2
 // decodeStepKernel2 (rows in every block's shared memory), the default, 3 the same with its
-// barriers split around the early loads.
-constexpr int kForms = 3, kDefaultForm = 2;
+// barriers split around the early loads, 4 the same with mbarrier hand-offs instead of
+// cluster barriers (where StepParams::qkvShared; else form 3 runs).
+constexpr int kForms = 4, kDefaultForm = 2;
 
 const void* formKernel(int form) {
   return form == 1   ? reinterpret_cast<const void*>(decodeStepKernel)
-         : form == 2 ? reinterpret_cast<const void*>(decodeStepKernel2<false>)
-                     : reinterpret_cast<const void*>(decodeStepKernel2<true>);
+         : form == 2 ? reinterpret_cast<const void*>(decodeStepKernel2<kFullBarrier>)
+         : form == 3 ? reinterpret_cast<const void*>(decodeStepKernel2<kSplitBarrier>)
+                     : reinterpret_cast<const void*>(decodeStepKernel2<kAsyncHandoff>);
 }
 
-// The dynamic shared memory a block of forms 2 and 3 may ask for: the device's per-block
+// The dynamic shared memory a block of forms 2-4 may ask for: the device's per-block
 // opt-in less the kernel's static shared memory (the profile's trace marks).
 int dynSmemCapBytes(int form) {
   static const std::vector<int> caps = [] {
@@ -999,7 +1094,7 @@ int dynSmemCapBytes(int form) {
   return form >= 2 && form <= kForms ? caps[size_t(form)] : 0;
 }
 
-// Forms 2 and 3: the rows' shared memory, plus the staged key and value rows of one head where
+// Forms 2-4: the rows' shared memory, plus the staged key and value rows of one head where
 // every block has at most one head, the head size is 32 or 64 (queryFixedHs), the rows are
 // 16-byte vectors and it all fits (p.stageRs, p.stageOff set; else 0). Form 1: none.
 size_t smemBytes(int form, StepParams& p, int blocks) {
@@ -1185,7 +1280,10 @@ int launchDecodeStep(const Ops::DecodeStepArgs& a) {
   cudaLaunchConfig_t cfg = clusterLaunch(blocks, &attr);
   cfg.dynamicSmemBytes = smemBytes(form, p, blocks);
   void* params[] = {&p};
-  PTLLM_CUDA_CHECK(cudaLaunchKernelExC(&cfg, formKernel(form), params));
+  // Form 4 hands the query and row pos over in shared memory only (qkvShared); else form 3,
+  // whose static shared memory is smaller, so the same dynamic size fits it.
+  const int run = form == 4 && !p.qkvShared ? 3 : form;
+  PTLLM_CUDA_CHECK(cudaLaunchKernelExC(&cfg, formKernel(run), params));
   if (p.prof) {
     gProfForms |= 1 << (form - 1);
     gProfBlocks = std::max(gProfBlocks, blocks);
