@@ -14,9 +14,10 @@
 //   async4 S  : the same with S / 4 threads each storing a float4 (st.async .v4),
 // and prints ns per iteration from %globaltimer in block 0. Not part of the build (CI has no
 // GPU): bench/gpu_decode_session.sh does not run it; a device call does
-//   nvcc -O3 -arch=sm_90 -o /tmp/probe bench/cluster_barrier_probe.cu && /tmp/probe 2000
-// (modes 3-4 check every value they read and count the wrong ones; a wrong protocol could also
-// hang, so run it under `timeout`).
+//   nvcc -O3 -arch=sm_90 -Isrc -o /tmp/probe bench/cluster_barrier_probe.cu && /tmp/probe 2000
+// Modes 3-4 use the fused step's own helpers (src/kernels/cuda/async_copy.cuh; run 33 ran the
+// same instructions written out in this file), check every value they read and count the wrong
+// ones; a wrong protocol could also hang, so run it under `timeout`.
 #include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
@@ -24,7 +25,10 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "kernels/cuda/async_copy.cuh"
+
 namespace cg = cooperative_groups;
+namespace async = ptllm::cuda::async;
 
 constexpr int kBlocks = 16, kThreads = 256, kRow = 256;
 
@@ -34,38 +38,14 @@ __device__ unsigned long long globalNs() {
   return t;
 }
 
-__device__ unsigned smemAddr(const void* p) {
-  return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
-__device__ unsigned mapRank(unsigned addr, unsigned rank) {  // the same offset in CTA `rank`
-  unsigned r;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(addr), "r"(rank));
-  return r;
-}
-__device__ void stAsync(unsigned remote, float v, unsigned remoteBar) {
-  asm volatile(
-      "st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];" ::"r"(remote),
-      "r"(__float_as_uint(v)), "r"(remoteBar)
-      : "memory");
-}
-__device__ void stAsync4(unsigned remote, float4 v, unsigned remoteBar) {
+// st.async of a float4 (async::stAsync stores one float): mode 4 only.
+__device__ void stAsync4(uint32_t remote, float4 v, uint32_t remoteBar) {
   asm volatile(
       "st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, "
       "[%5];" ::"r"(remote),
       "r"(__float_as_uint(v.x)), "r"(__float_as_uint(v.y)), "r"(__float_as_uint(v.z)),
       "r"(__float_as_uint(v.w)), "r"(remoteBar)
       : "memory");
-}
-__device__ void mbarWaitCluster(unsigned bar, unsigned parity) {
-  unsigned done = 0;
-  do {
-    asm volatile(
-        "{\n .reg .pred p;\n mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], "
-        "%2;\n selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-  } while (!done);
 }
 
 // mode 0: barrier; 1: push (S writers); 2: pull (S values per block); 3: st.async push (S
@@ -81,9 +61,8 @@ __global__ void __cluster_dims__(kBlocks, 1, 1) __launch_bounds__(kThreads, 1)
   const int t = threadIdx.x;
   for (int i = t; i < kBlocks * kRow; i += kThreads) rows2[0][i] = rows2[1][i] = 0.0f;
   if (t == 0) {
-    for (int b = 0; b < 2; ++b)
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smemAddr(&bars[b])));
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    for (int b = 0; b < 2; ++b) async::mbarInit(async::smemAddr(&bars[b]), 1);
+    async::mbarFenceInit();
   }
   cluster.sync();
   float acc = 0.0f;
@@ -107,23 +86,21 @@ __global__ void __cluster_dims__(kBlocks, 1, 1) __launch_bounds__(kThreads, 1)
       cluster.sync();  // nobody overwrites a slice while another block reads it
     } else if (mode == 3 || mode == 4) {
       const int buf = it & 1;
-      const unsigned bar = smemAddr(&bars[buf]);
+      const uint32_t bar = async::smemAddr(&bars[buf]);
       // Every block receives kBlocks * writers floats into this buffer for this iteration.
-      if (t == 0)
-        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar),
-                     "r"(unsigned(kBlocks * writers * sizeof(float)))
-                     : "memory");
-      const unsigned slot = smemAddr(&rows2[buf][rank * kRow]);
+      if (t == 0) async::mbarExpectTx(bar, uint32_t(kBlocks * writers * sizeof(float)));
+      const uint32_t slot = async::smemAddr(&rows2[buf][rank * kRow]);
       if (mode == 3 && t < writers) {
         const float v = float(it + t);
         for (unsigned b = 0; b < kBlocks; ++b)
-          stAsync(mapRank(slot + 4u * unsigned(t), b), v, mapRank(bar, b));
+          async::stAsync(async::clusterAddr(slot + 4u * unsigned(t), b), v,
+                         async::clusterAddr(bar, b));
       } else if (mode == 4 && t < writers / 4) {
         const float4 v = make_float4(float(it + t), 1.0f, 2.0f, 3.0f);
         for (unsigned b = 0; b < kBlocks; ++b)
-          stAsync4(mapRank(slot + 16u * unsigned(t), b), v, mapRank(bar, b));
+          stAsync4(async::clusterAddr(slot + 16u * unsigned(t), b), v, async::clusterAddr(bar, b));
       }
-      mbarWaitCluster(bar, unsigned(it >> 1) & 1u);
+      async::mbarWait<async::Acquire::Cluster>(bar, unsigned(it >> 1) & 1u);
       // Check what arrived (the protocol, not only its time): slice src, element j.
       const int src = (it * 7 + t) % kBlocks, j = t % writers;
       const float got = rows2[buf][src * kRow + j];

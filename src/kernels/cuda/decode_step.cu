@@ -827,7 +827,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if constexpr (kSync == kSplitBarrier) {
       asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
     } else if constexpr (kSync == kAsyncHandoff) {
-      async::mbarWaitCluster(bar(k), unsigned(l) & 1u);
+      async::mbarWait<async::Acquire::Cluster>(bar(k), unsigned(l) & 1u);
       if (threadIdx.x == 0 && l + 1 < p.nLayer) async::mbarExpectTx(bar(k), handoffBytes(p, k));
     } else {
       cl.sync();
