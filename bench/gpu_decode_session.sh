@@ -59,11 +59,13 @@ say "decode"
     done
   done
   for paths in "" "--paths f32"; do
-    # The greedy run graph (32 steps and picks per replay) against a replay and a pick launch
-    # per token, interleaved twice.
+    # The greedy run graph (one launch running 32 steps where the form can, else 32 launches)
+    # against 32 launches and against a replay and a pick launch per token, interleaved twice.
     for rep in 1 2; do
       echo "# default form, $paths default choice"
       timeout 20 $BIN --device cuda $paths $SAMPLE 2>&1 | grep "^peer="
+      echo "# default form, $paths no persistent run"
+      timeout 20 $BIN --device cuda $paths $SAMPLE --no-persistent-run 2>&1 | grep "^peer="
       echo "# default form, $paths no greedy run graph"
       timeout 20 $BIN --device cuda $paths $SAMPLE --no-greedy-run-graph 2>&1 | grep "^peer="
     done
@@ -78,9 +80,14 @@ say "decode"
         grep -E "^peer=|decode profile"
     done
   done
+  # Form 4 profiled with a launch per step (the lines above, with whole-run launches, trace
+  # the first steps of each run: kTraceMarks per launch).
+  echo "# profile: form 4, no persistent run"
+  PTLLM_DECODE_PROFILE=1 timeout 20 $BIN --device cuda bench sample $BUNDLED --tokens 200 \
+    --decode-cluster 16 --decode-form 4 --no-persistent-run 2>&1 | grep -E "^peer=|decode profile"
 } > "$OUT/decode.txt" 2>&1
 grep -E "^# form|^# default|^# .*op kernels|us_token" "$OUT/decode.txt" |
-  sed -E 's/.*path=([^ ]+).*step_form=([^ ]+).*greedy_graph=([^ ]+).*us_token=([^ ]+) tok_s=([^ ]+) step_us=([^ ]+).*/  \1 \2 greedy_graph=\3 us_token=\4 tok_s=\5 step_us=\6/'
+  sed -E 's/.*path=([^ ]+).*step_form=([^ ]+).*fused_form=([^ ]+) greedy_graph=([^ ]+) persistent_run=([^ ]+).*us_token=([^ ]+) tok_s=([^ ]+) step_us=([^ ]+).*/  \1 \2 form=\3 greedy_graph=\4 persistent=\5 us_token=\6 tok_s=\7 step_us=\8/'
 fi
 if want bundled; then
 say "bundled"

@@ -422,6 +422,80 @@ TEST_F(CudaDecodeStep, FusedGreedyPickEqualsGreedyAdvance) {
   }
 }
 
+// Several greedy steps in one launch (DecodeStepArgs::greedySteps, fused form 4): the token
+// row, the step buffer, the last step's logits, residual, attention output and MLP hidden, and
+// every layer's cache (rows written, guards after them untouched) bit for bit as the same
+// number of single greedy steps leave them. Shapes: the bundled model (each block keeps one
+// (layer, head) pair's rows for the launch at 16 blocks; at 8 it re-stages them per layer), one
+// head and one layer running to the context's end, 5 layers x 4 heads (more pairs than blocks:
+// staged per layer), and an f32 model (no form 4: refused, nothing written).
+TEST_F(CudaDecodeStep, FusedGreedyRunEqualsSingleSteps) {
+  struct RunShape {
+    StepShape s;
+    int steps;
+    bool runs;  // form 4 applies: the launch at the device's largest cluster must run
+  };
+  const RunShape table[] = {
+      {{256, 4, 4, 65, 256, 0, "f16"}, 7, true}, {{256, 4, 4, 65, 256, 190, "f16"}, 5, true},
+      {{64, 1, 1, 1, 8, 2, "f16"}, 6, true},     {{128, 4, 5, 50, 32, 20, "f16"}, 4, true},
+      {{128, 2, 3, 300, 64, 9, "f16"}, 3, true}, {{64, 2, 2, 7, 16, 3, "f32"}, 4, false},
+  };
+  uint64_t seed = 11;
+  for (const RunShape& t : table) {
+    const StepShape& s = t.s;
+    SCOPED_TRACE(shapeName(s) + " steps=" + std::to_string(t.steps));
+    const HostStep h = makeStep(s, seed += 100);
+    constexpr int32_t kPoison = -7;
+    std::vector<float> poison(size_t(s.maxT));
+    for (float& f : poison) std::memcpy(&f, &kPoison, sizeof(f));
+    auto tokenRow = [&](Tensor& tokens) {
+      std::vector<int32_t> row(size_t(s.maxT));
+      gpu->downloadIds(row.data(), reinterpret_cast<int32_t*>(tokens.data()), s.maxT);
+      return row;
+    };
+    // The single steps: the op kernels' step and greedyAdvance, t.steps times.
+    Tensor wantTokens = gpu->alloc({int64_t(s.maxT)});
+    gpu->upload(wantTokens, poison.data());
+    DeviceStep single(*gpu, h);
+    for (int k = 0; k < t.steps; ++k)
+      ASSERT_GT(single.runFused(0, 1, reinterpret_cast<int32_t*>(wantTokens.data())), 0);
+    const StepOut want = single.results();
+    const std::vector<int32_t> wantRow = tokenRow(wantTokens), wantIds = single.stepIds();
+    ASSERT_EQ(wantIds[1], s.pos + t.steps);
+    for (int blocks : {0, 16, 8, 2}) {
+      SCOPED_TRACE("clusterBlocks " + std::to_string(blocks));
+      Tensor tokens = gpu->alloc({int64_t(s.maxT)});
+      gpu->upload(tokens, poison.data());
+      DeviceStep run(*gpu, h);
+      Ops::DecodeStepArgs a = run.args(blocks, 4);
+      a.greedyTokens = reinterpret_cast<int32_t*>(tokens.data());
+      a.greedySteps = t.steps;
+      const int launched = gpu->decodeStepFused(a);
+      if (launched == 0) {
+        EXPECT_FALSE(t.runs && (blocks == 0 || blocks == 16)) << "refused a form 4 run";
+        EXPECT_EQ(run.stepIds(), (std::vector<int32_t>{h.token, s.pos})) << "wrote when refused";
+        EXPECT_FALSE(test::allFinite(run.results().logits.data(), 1)) << "wrote when refused";
+        continue;
+      }
+      EXPECT_TRUE(t.runs) << "ran a launch form 4 cannot";
+      const StepOut got = run.results();
+      EXPECT_EQ(tokenRow(tokens), wantRow) << "token row";
+      EXPECT_EQ(run.stepIds(), wantIds) << "step buffer";
+      EXPECT_EQ(bitDifference(got.logits, want.logits), "") << "logits";
+      EXPECT_EQ(bitDifference(got.x, want.x), "") << "residual x";
+      EXPECT_EQ(bitDifference(got.y, want.y), "") << "attention output y";
+      EXPECT_EQ(bitDifference(got.hidden, want.hidden), "") << "MLP hidden h";
+      for (int l = 0; l < s.L; ++l) {
+        EXPECT_EQ(bitDifference(got.cache[size_t(l)], want.cache[size_t(l)]), "")
+            << "cache of layer " << l;
+        const auto& c = got.cache[size_t(l)];
+        for (size_t i = size_t(s.pos + t.steps) * 3 * s.C; i < c.size(); ++i)
+          ASSERT_EQ(c[i], kGuardValue) << "layer " << l << ": write past the run at " << i;
+      }
+    }
+  }
+}
+
 // Against the strict CPU reference on the same (f16-rounded where stored so) weights. The GPU
 // sums in other orders than the reference's sequential loops (lane-strided partial sums and
 // butterfly reductions), a few f32 ulps per dot product that compound through the layers:

@@ -167,17 +167,38 @@ TEST_F(CudaModel, DeviceGreedyRunsEqualTheHostLoop) {
     }
     EXPECT_EQ(std::memcmp(logits.data(), last.data(), logits.size() * sizeof(float)), 0);
 
-    // The same run without the recorded runs (the step replayed and the pick queued per token).
+    // The same run decoded again from the prompt, as the model is now set: the same picks and
+    // the same last logits bit for bit.
+    auto sameRunAgain = [&] {
+      m.resetCache();
+      m.forwardCached(prompt.data(), int(prompt.size()), logits.data());
+      std::vector<int32_t> got;
+      std::vector<float> lastGot(logits.size());
+      ASSERT_TRUE(m.decodeGreedy(
+          first, n, [&](int32_t t) { got.push_back(t); }, lastGot.data()));
+      EXPECT_EQ(got, picks);
+      EXPECT_EQ(std::memcmp(lastGot.data(), last.data(), last.size() * sizeof(float)), 0);
+    };
+    // Without the recorded runs (the step replayed and the pick queued per token).
     m.setGreedyRunGraphs(false);
-    m.resetCache();
-    m.forwardCached(prompt.data(), int(prompt.size()), logits.data());
-    std::vector<int32_t> perToken;
-    std::vector<float> lastPerToken(logits.size());
-    ASSERT_TRUE(m.decodeGreedy(
-        first, n, [&](int32_t t) { perToken.push_back(t); }, lastPerToken.data()));
+    sameRunAgain();
     m.setGreedyRunGraphs(true);
-    EXPECT_EQ(perToken, picks);
-    EXPECT_EQ(std::memcmp(lastPerToken.data(), last.data(), last.size() * sizeof(float)), 0);
+
+    // Fused form 4 forced (f16-storage: its qkv hands the query over in shared memory): each
+    // full run is one launch of all its steps, and so is the tail; with that off, one launch
+    // per step.
+    if (std::string(paths) == "auto") {
+      for (bool persistent : {true, false}) {
+        SCOPED_TRACE(persistent ? "one launch per run" : "one launch per step");
+        m.setFusedSteps(Gpt2::FusedSteps::On, 0, 4);
+        m.setPersistentGreedyRuns(persistent);
+        sameRunAgain();
+        EXPECT_EQ(m.usedFusedForm(), 4);
+        EXPECT_EQ(m.usedPersistentGreedyRun(), persistent);
+      }
+      m.setPersistentGreedyRuns(true);
+      m.setFusedSteps(Gpt2::FusedSteps::Auto);
+    }
   }
 }
 

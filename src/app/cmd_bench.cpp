@@ -34,6 +34,7 @@ struct ModelArgs {
   int repeats = 1, decodeCluster = 0, decodeForm = 0;
   bool fusedStep = true;
   bool greedyRunGraph = true;
+  bool persistentRun = true;
   ModelArgs() {
     cfg.nLayer = 4;
     cfg.nHead = 4;
@@ -99,6 +100,7 @@ void benchSample(const ModelArgs& a, const GlobalOptions& g) {
                                                                           : Gpt2::FusedSteps::Auto;
   m.setFusedSteps(form, a.decodeCluster, a.decodeForm);
   m.setGreedyRunGraphs(a.greedyRunGraph);
+  m.setPersistentGreedyRuns(a.persistentRun);
   m.prepareForInference();
   Generator gen(m);
   SampleOptions o;
@@ -121,15 +123,17 @@ void benchSample(const ModelArgs& a, const GlobalOptions& g) {
   std::printf(
       "peer=ptllm mode=sample device=%s n_layer=%d n_head=%d n_embd=%d block=%d threads=%d "
       "path=%s step_graph=%d step_form=%s fused_blocks=%d fused_form=%d greedy_graph=%d "
-      "params=%lld tokens=%d repeats=%zu secs=%.4f secs_min=%.4f us_token=%.1f tok_s=%.2f "
+      "persistent_run=%d params=%lld tokens=%d repeats=%zu secs=%.4f secs_min=%.4f us_token=%.1f "
+      "tok_s=%.2f "
       "step_us=%.1f\n",
       e.ops->name(), a.cfg.nLayer, a.cfg.nHead, a.cfg.nEmbd, a.cfg.blockSize, threadCount(),
       pathName(m).c_str(), int(m.usedStepGraph()),
       form == Gpt2::FusedSteps::Auto ? "auto"
       : form == Gpt2::FusedSteps::On ? "fused"
                                      : "ops",
-      m.usedFusedStep(), m.usedFusedForm(), int(a.greedyRunGraph), (long long)m.numParams(),
-      a.tokens, secs.size(), med, secs.front(), med / a.tokens * 1e6, a.tokens / med, stepUs);
+      m.usedFusedStep(), m.usedFusedForm(), int(a.greedyRunGraph), int(m.usedPersistentGreedyRun()),
+      (long long)m.numParams(), a.tokens, secs.size(), med, secs.front(), med / a.tokens * 1e6,
+      a.tokens / med, stepUs);
 }
 
 // Median seconds of fn over `iters` calls after 3 warm-ups.
@@ -300,6 +304,9 @@ void addBenchCommand(CLI::App& app, GlobalOptions& g) {
   sample->add_flag("!--no-greedy-run-graph", a->greedyRunGraph,
                    "replay the decode step and queue the pick per token (default: one graph "
                    "per 32 greedy steps)");
+  sample->add_flag("!--no-persistent-run", a->persistentRun,
+                   "a greedy run graph replays one fused launch per step (default: one launch "
+                   "runs the whole run's steps where the fused form can)");
   sample
       ->add_option("--decode-cluster", a->decodeCluster,
                    "always the fused decode launch, of this many blocks (0: the faster form, "

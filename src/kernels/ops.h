@@ -166,6 +166,11 @@ class Ops {
     // Set: the step ends with greedyAdvance(step, greedyTokens, logits, V) (the same pick and
     // writes, without a second launch); step must then be writable.
     int32_t* greedyTokens = nullptr;
+    // With greedyTokens: this many greedy steps in the one launch, each fed the token the one
+    // before picked (positions step[1], step[1] + 1, ...; the caller keeps them inside maxT),
+    // with no host or launch boundary between them; the picks, logits and cache as that many
+    // single greedy steps leave them. A backend that cannot returns 0 and enqueues nothing.
+    int greedySteps = 1;
   };
   virtual int decodeStepForms() const { return 0; }
   // Enqueues the whole one-token step of a GPT-2 — embeddingStep; per layer LayerNorm, the qkv

@@ -559,7 +559,7 @@ bool Gpt2::decodeGreedy(int32_t first, int n, const std::function<void(int32_t)>
   checkTokens(&first, 1);
   if (!canDecodeGreedy()) return false;
   ensureCache();
-  usedStepGraph_ = false;
+  usedStepGraph_ = usedPersistentRun_ = false;
   usedFusedStep_ = usedFusedForm_ = 0;
   const PathEntry* path = fastPath(false);
   StepRecording* rec = stepRecording(path, first);
@@ -587,7 +587,18 @@ bool Gpt2::decodeGreedy(int32_t first, int n, const std::function<void(int32_t)>
     if (greedyRunGraphs_ && rec->greedyRun && n - queued >= kChunk) {
       rec->greedyRun->replay();
       queued += kChunk;
+      usedPersistentRun_ = rec->persistentRun;
     } else {
+      if (greedyRunGraphs_ && persistentGreedyRuns_ && rec->persistentRun && n - queued >= 2) {
+        // The rest of the run as one launch too (not recorded: its length varies).
+        Ops::DecodeStepArgs args = fusedStepArgs(path, rec->form);
+        args.greedyTokens = ids;
+        args.greedySteps = n - queued;
+        if (ops_.decodeStepFused(args) > 0) {
+          queued = n;
+          usedPersistentRun_ = true;
+        }
+      }
       for (const int end = std::min(n, queued + kChunk); queued < end; ++queued) {
         rec->graph->replay();
         ops_.greedyAdvance(step, ids, logits, cfg_.vocabSize);
@@ -698,13 +709,22 @@ int Gpt2::queueStep(const PathEntry* path, bool fused, int form, int32_t* greedy
 
 // rec.greedyRun: kGreedyRunSteps times rec's step (the same launch: fused in rec's form, or the
 // op kernels) followed by the pick, in one graph; a fused step makes the pick at its end (one
-// launch per token: H200 run 25). If recording fails, greedy runs replay the step per token
-// from then on (said once).
+// launch per token: H200 run 25). Where the fused step runs all kGreedyRunSteps steps in one
+// launch (DecodeStepArgs::greedySteps; persistentGreedyRuns_), the graph is that launch. If
+// recording fails, greedy runs replay the step per token from then on (said once).
 void Gpt2::recordGreedyRun(StepRecording& rec, const PathEntry* path, int32_t* ids) {
   int32_t* step = static_cast<int32_t*>(stepIds_->ptr);
   const float* logits = inferActs_->logits.data();
   try {
+    rec.persistentRun = false;
     rec.greedyRun = recordGraph(ops_, [&] {
+      if (persistentGreedyRuns_ && rec.fusedBlocks > 0) {
+        Ops::DecodeStepArgs args = fusedStepArgs(path, rec.form);
+        args.greedyTokens = ids;
+        args.greedySteps = kGreedyRunSteps;
+        rec.persistentRun = ops_.decodeStepFused(args) > 0;
+        if (rec.persistentRun) return;
+      }
       for (int i = 0; i < kGreedyRunSteps; ++i) {
         if (queueStep(path, rec.fusedBlocks > 0, rec.form, ids) != rec.fusedBlocks)
           fail("the fused step changed its launch between recordings");
@@ -713,6 +733,7 @@ void Gpt2::recordGreedyRun(StepRecording& rec, const PathEntry* path, int32_t* i
     });
   } catch (const std::exception& ex) {
     greedyRunsBroken_ = true;
+    rec.persistentRun = false;
     std::fprintf(stderr, "[ops] greedy run graph unavailable (%s): replaying the step per token\n",
                  ex.what());
   }

@@ -154,12 +154,24 @@ class Gpt2 {
   // pairs (no launch from the host between steps; a fused step makes its pick itself, one
   // launch per token); shorter runs and the rest replay the step graph and queue the pick per
   // token. setGreedyRunGraphs(false): always the latter (benchmarks compare the two; the picks
-  // and logits are the same).
+  // and logits are the same). Where the backend's fused step can run a whole run in one launch
+  // (Ops::DecodeStepArgs::greedySteps), the recorded run is that one launch;
+  // setPersistentGreedyRuns(false) records the kGreedyRunSteps launches instead.
   bool canDecodeGreedy() const;
   bool decodeGreedy(int32_t first, int n, const std::function<void(int32_t)>& onToken,
                     float* logitsOut);
   static constexpr int kGreedyRunSteps = 32;
   void setGreedyRunGraphs(bool on) { greedyRunGraphs_ = on; }
+  void setPersistentGreedyRuns(bool on) {
+    if (on != persistentGreedyRuns_)
+      for (auto& [path, rec] : stepGraphs_) {
+        rec.greedyRun.reset();  // re-recorded on next use
+        rec.persistentRun = false;
+      }
+    persistentGreedyRuns_ = on;
+  }
+  // Whether the last decodeGreedy replayed a recorded run as one launch (greedySteps).
+  bool usedPersistentGreedyRun() const { return usedPersistentRun_; }
   // Microseconds one replay of the current path's recorded decode step takes at the current
   // position (back-to-back replays: device time plus launch gaps, no per-token host work);
   // 0 when no step has been recorded. For benchmarks: it replays the step in place.
@@ -213,6 +225,7 @@ class Gpt2 {
     // decodeGreedy's kGreedyRunSteps [step, pick] pairs, recorded on first use (null: not yet,
     // or recording failed).
     std::unique_ptr<Ops::StepGraph> greedyRun;
+    bool persistentRun = false;  // greedyRun is one launch of kGreedyRunSteps steps
   };
   std::map<const PathEntry*, StepRecording> stepGraphs_;
   std::shared_ptr<Buffer> stepIds_;
@@ -220,6 +233,7 @@ class Gpt2 {
   Tensor stepQkv_;
   bool stepGraphsOn_ = true, stepGraphsBroken_ = false, usedStepGraph_ = false;
   bool greedyRunGraphs_ = true, greedyRunsBroken_ = false;
+  bool persistentGreedyRuns_ = true, usedPersistentRun_ = false;
   FusedSteps fusedSteps_ = FusedSteps::Auto;
   // Auto's timed choice per path: 0 the op kernels, f > 0 fused form f.
   std::map<const PathEntry*, int> stepForm_;

@@ -100,10 +100,11 @@ __device__ inline void tmaLoadMulticast(uint32_t dst, const CUtensorMap* map, in
 }
 
 // ---- stores into another CTA of the cluster, completing on its mbarrier ----
-// The shared::cluster address of shared-memory offset `addr` in CTA `rank` of the cluster.
+// The shared::cluster address of shared-memory offset `addr` in CTA `rank` of the cluster. Not
+// volatile: a pure address computation, which the compiler may hoist out of a store loop.
 __device__ inline uint32_t clusterAddr(uint32_t addr, uint32_t rank) {
   uint32_t remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(addr), "r"(rank));
+  asm("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(addr), "r"(rank));
   return remote;
 }
 // v into `remote` (a clusterAddr), its 4 bytes completed on the mbarrier `remoteBar` of the same

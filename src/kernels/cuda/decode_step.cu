@@ -11,7 +11,7 @@
 //   4. each block: LayerNorm(x) -> shared; h = gelu(ln @ W_fc + b)
 //   5. each block: h -> shared; x[n] += h @ W_fcproj + b
 // then LayerNorm(x) and the tied head (logits = lnf @ wte^T), and where asked the greedy pick
-// (greedyTail).
+// (greedyTail; form 4 can also go on to the next token's step in the same launch).
 //
 // Every element is computed exactly as the op kernels compute it (same operands, same order,
 // same rounding), so the logits are bit-identical to the op-by-op step:
@@ -79,6 +79,14 @@ struct StepParams {
   // is f16: the qkv epilogue also puts head h's query, key and value into block h's shared
   // memory (Dest::stage), so its attention reads none of them through L2 (run 27).
   int qkvShared;
+  // Form 4 with the stage and NH * nLayer <= blocks: block l * NH + h attends head h of layer l
+  // and keeps that pair's key and value rows in its stage for the whole launch (staged once at
+  // its start; row pos stored there by the qkv phase), so no layer re-stages its rows.
+  int resident;
+  // Form 4 with greedy tokens: greedy steps this launch runs (1: one step). With more, the
+  // step's logits are handed to every block's shared memory (float logitsOff of the dynamic
+  // shared memory, V floats) and every block makes the pick itself, then runs the next step.
+  int steps, logitsOff;
   const float *wte, *wpe, *lnfw, *lnfb;
   const int32_t* step;
   float *x, *y, *h, *att, *logits;
@@ -250,26 +258,32 @@ __device__ void head(const StepSmem& sm, const StepParams& p) {
   }
 }
 
-// Ops::greedyAdvance at the end of the step (DecodeStepArgs::greedyTokens), called by every
-// thread once the step's logits are written: a cluster barrier, then warp 0 of block 0 picks.
-// Each lane keeps the first largest non-NaN logit of its strided share, then a butterfly of
-// the kept pairs in the pick's order (decode_math.cuh): greedyAdvanceKernel's token.
-__device__ void greedyTail(const StepParams& p, int pos) {
-  if (!p.tokens) return;
-  cg::this_cluster().sync();  // every block's logits, visible at cluster scope
-  if (blockIdx.x != 0 || threadIdx.x >= 32) return;
-  const int lane = int(threadIdx.x);
+// The greedy pick over logits [0, V) by one warp, every lane returning it: each lane keeps the
+// first largest non-NaN logit of its strided share, then a butterfly of the kept pairs in the
+// pick's order (decode_math.cuh): greedyAdvanceKernel's token. load(v) reads logit v.
+template <class Load>
+__device__ __forceinline__ int warpGreedyPick(int V, Load load) {
+  const int lane = int(threadIdx.x & 31);
   float best = -INFINITY;
   int arg = -1;  // -1: nothing seen (all NaN so far)
-  for (int v = lane; v < p.V; v += 32) pickConsider(best, arg, __ldcg(p.logits + v), v);
+  for (int v = lane; v < V; v += 32) pickConsider(best, arg, load(v), v);
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) {
     const float ob = __shfl_xor_sync(kFullMask, best, o);
     const int oi = __shfl_xor_sync(kFullMask, arg, o);
     pickMerge(best, arg, ob, oi);
   }
-  if (lane == 0) {
-    const int next = pickToken(__ldcg(p.logits), arg);
+  return pickToken(load(0), arg);
+}
+
+// Ops::greedyAdvance at the end of the step (DecodeStepArgs::greedyTokens), called by every
+// thread once the step's logits are written: a cluster barrier, then warp 0 of block 0 picks.
+__device__ void greedyTail(const StepParams& p, int pos) {
+  if (!p.tokens) return;
+  cg::this_cluster().sync();  // every block's logits, visible at cluster scope
+  if (blockIdx.x != 0 || threadIdx.x >= 32) return;
+  const int next = warpGreedyPick(p.V, [&](int v) { return __ldcg(p.logits + v); });
+  if (threadIdx.x == 0) {
     p.tokens[pos] = next;
     p.advance[0] = next;
     p.advance[1] = pos + 1;
@@ -286,11 +300,13 @@ __device__ void greedyTail(const StepParams& p, int pos) {
 // 4 barrier, 5 proj (with its row load), 6 barrier, 7 LayerNorm 2, 8 fc, 9 barrier, 10 fcProj
 // (with its row load), 11 barrier, 12 final LayerNorm, 13 head.
 constexpr int kProfPoints = 14;
-constexpr int kTraceMarks = 128;  // marks kept per launch (12 per layer, 3 more)
-// Buffer: sums [kTraceMarks][kMaxCluster], the marks' points [kTraceMarks], the mark count,
-// the launch count.
+constexpr int kTraceMarks = 128;  // marks kept per launch (12 per layer and 2 more per step)
+// Buffer: sums [kTraceMarks][kMaxCluster], the marks' points [kTraceMarks], the most marks a
+// launch made, the launches that made each mark [kTraceMarks] (a mark's mean is over those: a
+// multi-step launch makes more marks than a single step), the launch count.
 constexpr int kProfIds = kTraceMarks * kMaxCluster;
-constexpr int kProfSlots = kProfIds + kTraceMarks + 2;
+constexpr int kProfCounts = kProfIds + kTraceMarks + 1;
+constexpr int kProfSlots = kProfCounts + kTraceMarks + 1;
 
 struct Trace {
   long long t0;
@@ -312,8 +328,11 @@ __device__ void flushTrace(const StepParams& p, const Trace& t) {
   for (int i = 0; i < t.n; ++i)
     atomicAdd(p.prof + i * kMaxCluster + blockIdx.x, (unsigned long long)t.ts[i]);
   if (blockIdx.x == 0) {
-    for (int i = 0; i < t.n; ++i) p.prof[kProfIds + i] = t.ids[i];
-    p.prof[kProfIds + kTraceMarks] = (unsigned long long)t.n;
+    for (int i = 0; i < t.n; ++i) {
+      p.prof[kProfIds + i] = t.ids[i];
+      atomicAdd(p.prof + kProfCounts + i, 1ull);
+    }
+    atomicMax(p.prof + kProfIds + kTraceMarks, (unsigned long long)t.n);
     atomicAdd(p.prof + kProfSlots - 1, 1ull);
   }
 }
@@ -378,13 +397,24 @@ __device__ void stageHeadRows(const StepParams& p, float* base, const float* cac
   }
   async::cpAsyncCommit();
 }
+// This block's rows to stage: head blockIdx.x of `cache` (forms 2-4), or with p.resident the
+// block's own (layer, head) pair, whose rows stay for the launch.
+__device__ __forceinline__ void stageRows(const StepParams& p, float* base, const float* cache,
+                                          int h, int rows) {
+  if (p.C / p.NH == 64)
+    stageHeadRows<64>(p, base, cache, h, rows);
+  else
+    stageHeadRows<32>(p, base, cache, h, rows);
+}
 __device__ __forceinline__ void stageHead(const StepParams& p, float* base, const float* cache,
                                           int pos) {
-  if (!p.stageRs || int(blockIdx.x) >= p.NH) return;
-  if (p.C / p.NH == 64)
-    stageHeadRows<64>(p, base, cache, int(blockIdx.x), pos);
-  else
-    stageHeadRows<32>(p, base, cache, int(blockIdx.x), pos);
+  if (!p.stageRs || p.resident || int(blockIdx.x) >= p.NH) return;
+  stageRows(p, base, cache, int(blockIdx.x), pos);
+}
+__device__ __forceinline__ void stageResident(const StepParams& p, float* base, int pos) {
+  const int b = int(blockIdx.x);
+  if (!p.resident || b >= p.NH * p.nLayer) return;
+  stageRows(p, base, p.layers[b / p.NH].cache, b % p.NH, pos);
 }
 
 // Head h's attention (queryFixedHs) over its staged rows 0..pos-1 and row pos, which the qkv
@@ -476,6 +506,7 @@ struct Dest {
   // head size 1 << logHs.
   float *qs = nullptr, *stage = nullptr;
   int logC = 0, logHs = 0, rs = 0, kvFloats = 0, pos = 0;
+  int rank0 = 0;  // head h's block: rank0 + h (StepParams::resident: the layer's first pair)
   // Form 4: the hand-off's mbarrier (shared-memory address, the same in every block); the
   // remote stores are st.async completing on it. 0: plain stores and a cluster barrier.
   uint32_t bar = 0;
@@ -499,7 +530,7 @@ __device__ __forceinline__ void storeQkvShared(cg::cluster_group& cl, const Dest
   const int part = n >> d.logC, w = n & ((1 << d.logC) - 1);
   const int head = w >> d.logHs, j = w & ((1 << d.logHs) - 1);
   float* dst = part == 0 ? d.qs + j : d.stage + (part - 1) * d.kvFloats + d.pos * d.rs + j;
-  putShared(cl, dst, unsigned(head), v, d.bar);
+  putShared(cl, dst, unsigned(d.rank0 + head), v, d.bar);
 }
 
 // One thread with its own column n.
@@ -779,15 +810,40 @@ __device__ __forceinline__ void linear2(cg::cluster_group& cl, const Rows& r, co
 //     (bench/results/cuda-20261206-0325-handoff-form4-h100.txt).
 //     Form 4 needs the qkv phase to hand the query and row pos to the attention block in
 //     shared memory (StepParams::qkvShared); elsewhere the launch runs form 3.
+//     Form 4 also runs whole greedy runs in one launch (StepParams::steps): the head's logits
+//     go to every block's shared memory on a sixth mbarrier, every block makes the pick itself
+//     (the same bits, so the same token) and goes on to the next step; each barrier's use
+//     counts on over the steps (parity of step * nLayer + layer). Where the (layer, head) pairs
+//     fit the blocks (StepParams::resident), block l * NH + h keeps its pair's key and value
+//     rows in its stage for the launch: staged once at its start, row pos stored there by
+//     each step's qkv phase, nothing re-staged per layer. Measured (H100, run 35): 64.4-65.1 ->
+//     57.8-58.5 us/token (bench/results/cuda-20261206-0532-persistent-run-h100.txt).
 constexpr int kFullBarrier = 0, kSplitBarrier = 1, kAsyncHandoff = 2;
-enum Handoff { kQkvHandoff, kAttHandoff, kProjHandoff, kFcHandoff, kFcProjHandoff, kHandoffs };
+// kLogitsHandoff: a multi-step launch's logits (StepParams::steps), once per step.
+enum Handoff {
+  kQkvHandoff,
+  kAttHandoff,
+  kProjHandoff,
+  kFcHandoff,
+  kFcProjHandoff,
+  kLogitsHandoff,
+  kHandoffs
+};
 
-// The bytes block blockIdx.x receives in hand-off k of a layer: every block's token, and the
-// rows: head h's query, key and value (3 hs floats, blocks < NH), y and x (C), h (4C).
-__device__ __forceinline__ uint32_t handoffBytes(const StepParams& p, int k) {
+// The block that attends head 0 of layer l (head h: the next ranks).
+__device__ __forceinline__ int headRank0(const StepParams& p, int l) {
+  return p.resident ? l * p.NH : 0;
+}
+
+// The bytes block blockIdx.x receives in hand-off k of layer l: every block's token, and the
+// rows: head h's query, key and value (3 hs floats, the layer's head blocks), y and x (C),
+// h (4C); the logits (V floats, no tokens: the pick's order comes from the other hand-offs).
+__device__ __forceinline__ uint32_t handoffBytes(const StepParams& p, int k, int l) {
+  if (k == kLogitsHandoff) return uint32_t(p.V) * uint32_t(sizeof(float));
   const uint32_t tokens = gridDim.x * uint32_t(sizeof(float));
   const uint32_t C = uint32_t(p.C), hs = uint32_t(p.C / p.NH);
-  const uint32_t floats = k == kQkvHandoff  ? (int(blockIdx.x) < p.NH ? 3 * hs : 0)
+  const int head = int(blockIdx.x) - headRank0(p, l);
+  const uint32_t floats = k == kQkvHandoff  ? (head >= 0 && head < p.NH ? 3 * hs : 0)
                           : k == kFcHandoff ? 4 * C
                                             : C;
   return tokens + floats * uint32_t(sizeof(float));
@@ -798,7 +854,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     decodeStepKernel2(const __grid_constant__ StepParams p) {
   extern __shared__ float4 dynSmem[];
   float* base = reinterpret_cast<float*>(dynSmem);
-  const int C = p.C, tok = p.step[0], pos = p.step[1], hs = C / p.NH;
+  const int C = p.C, hs = C / p.NH;
+  int tok = p.step[0], pos = p.step[1];
   const int64_t stride = 3 * (int64_t)C;
   Rows r;
   r.xs = base;
@@ -809,8 +866,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   cg::cluster_group cl = cg::this_cluster();
   __shared__ alignas(8) unsigned long long handoffBars[kHandoffs];  // form 4
   __shared__ float tokenSink[kMaxCluster];                          // form 4: the tokens land here
+  __shared__ int picked;                                            // a multi-step launch's pick
   auto bar = [&](int k) { return kSync == kAsyncHandoff ? async::smemAddr(&handoffBars[k]) : 0u; };
-  // Hand-off k of layer l: arrive(k) where the phase's stores end, wait(k, l) where the next
+  // Layers over the launch: hand-off k of layer l of step s is the barrier's use g = s * nLayer
+  // + l (parity g & 1); its last use is not re-armed.
+  const int steps = kSync == kAsyncHandoff ? p.steps : 1, uses = steps * p.nLayer;
+  // Hand-off k of layer use g: arrive(k) where the phase's stores end, wait(k, g) where the next
   // phase needs them. Form 2: the whole barrier at wait(); form 3: the barrier's arrive and
   // wait; form 4: the tokens, and the wait on the block's own mbarrier.
   auto arrive = [&](int k) {
@@ -823,12 +884,13 @@ __global__ void __launch_bounds__(kThreads, 1)
                        0.f, async::clusterAddr(bar(k), threadIdx.x));
     }
   };
-  auto wait = [&](int k, int l) {
+  auto wait = [&](int k, int g) {
     if constexpr (kSync == kSplitBarrier) {
       asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
     } else if constexpr (kSync == kAsyncHandoff) {
-      async::mbarWait<async::Acquire::Cluster>(bar(k), unsigned(l) & 1u);
-      if (threadIdx.x == 0 && l + 1 < p.nLayer) async::mbarExpectTx(bar(k), handoffBytes(p, k));
+      async::mbarWait<async::Acquire::Cluster>(bar(k), unsigned(g) & 1u);
+      if (threadIdx.x == 0 && g + 1 < uses)
+        async::mbarExpectTx(bar(k), handoffBytes(p, k, (g + 1) % p.nLayer));
     } else {
       cl.sync();
     }
@@ -840,143 +902,185 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (threadIdx.x == 0 && p.nLayer > 0) {
       for (int k = 0; k < kHandoffs; ++k) async::mbarInit(bar(k), 1);
       async::mbarFenceInit();
-      for (int k = 0; k < kHandoffs; ++k) async::mbarExpectTx(bar(k), handoffBytes(p, k));
+      for (int k = 0; k < kLogitsHandoff; ++k) async::mbarExpectTx(bar(k), handoffBytes(p, k, 0));
+      if (steps > 1) async::mbarExpectTx(bar(kLogitsHandoff), handoffBytes(p, kLogitsHandoff, 0));
     }
   }
   asm volatile("barrier.cluster.arrive.aligned;\n" ::: "memory");
+  stageResident(p, base, pos);
 
-  if (p.nLayer > 0) stageHead(p, base, p.layers[0].cache, pos);
-  // x = wte[tok] + wpe[pos] in every block (block 0 also stores the global x).
-  for (int c = threadIdx.x; c < C; c += kThreads) {
-    const float v = __ldg(p.wte + (int64_t)tok * C + c) + __ldg(p.wpe + (int64_t)pos * C + c);
-    r.xs[c] = v;
-    if (blockIdx.x == 0) p.x[c] = v;
-  }
-  __syncthreads();
-  // Each linear's weights, biases and the LayerNorm parameters before it are read ahead of the
-  // barrier that precedes it (pre(): barrier, then the LayerNorm); the rows never leave the
-  // blocks' shared memory.
-  // One copy of the layer's code (not peeled): the step is bound by latency, and every copy
-  // of its ~50k instructions is fetched cold once per step.
+  // A multi-step launch reads the next step's wpe[pos] element before it waits for the logits
+  // (where C <= kThreads: one per thread, one register).
+  float wpeNext = 0.f;
 #pragma unroll 1
-  for (int l = 0; l < p.nLayer; ++l) {
-    const StepLayer& L = p.layers[l];
-    {
-      if (l > 0) arrive(kFcProjHandoff);
-      const LnParams ln = loadLn(L.ln1w, L.ln1b, C);
-      Dest qkv{Epi::Store, L.cache + pos * stride, nullptr};
-      qkv.bar = bar(kQkvHandoff);
-      if (p.qkvShared) {
-        qkv.qs = att.q;
-        qkv.stage = base + p.stageOff;
-        qkv.logC = __ffs(C) - 1;
-        qkv.logHs = __ffs(hs) - 1;
-        qkv.rs = p.stageRs;
-        qkv.kvFloats = p.maxT * p.stageRs;
-        qkv.pos = pos;
-      }
-      linear2(cl, r, r.lnY, L.attn, C, 3 * C, qkv, [&] {
-        if (l > 0) {
-          wait(kFcProjHandoff, l - 1);
-          stamp(p, t, 11);
-        } else {
-          asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");  // every block started
+  for (int s = 0; s < steps && pos < p.maxT; ++s, ++pos) {
+    if (p.nLayer > 0) stageHead(p, base, p.layers[0].cache, pos);
+    // x = wte[tok] + wpe[pos] in every block (block 0 also stores the global x).
+    for (int c = threadIdx.x; c < C; c += kThreads) {
+      const float wp = s > 0 && C <= kThreads ? wpeNext : __ldg(p.wpe + (int64_t)pos * C + c);
+      const float v = __ldg(p.wte + (int64_t)tok * C + c) + wp;
+      r.xs[c] = v;
+      if (blockIdx.x == 0) p.x[c] = v;
+    }
+    __syncthreads();
+    // Each linear's weights, biases and the LayerNorm parameters before it are read ahead of
+    // the barrier that precedes it (pre(): barrier, then the LayerNorm); the rows never leave
+    // the blocks' shared memory.
+    // One copy of the layer's code (not peeled): the step is bound by latency, and every copy
+    // of its ~50k instructions is fetched cold once per step.
+#pragma unroll 1
+    for (int l = 0; l < p.nLayer; ++l) {
+      const StepLayer& L = p.layers[l];
+      const int g = s * p.nLayer + l, rank0 = headRank0(p, l);
+      {
+        if (l > 0) arrive(kFcProjHandoff);
+        const LnParams ln = loadLn(L.ln1w, L.ln1b, C);
+        Dest qkv{Epi::Store, L.cache + pos * stride, nullptr};
+        qkv.bar = bar(kQkvHandoff);
+        if (p.qkvShared) {
+          qkv.qs = att.q;
+          qkv.stage = base + p.stageOff;
+          qkv.logC = __ffs(C) - 1;
+          qkv.logHs = __ffs(hs) - 1;
+          qkv.rs = p.stageRs;
+          qkv.kvFloats = p.maxT * p.stageRs;
+          qkv.pos = pos;
+          qkv.rank0 = rank0;
         }
-        layernormTo(r.lnY, r.xs, ln, C);
-        stamp(p, t, 0);
+        linear2(cl, r, r.lnY, L.attn, C, 3 * C, qkv, [&] {
+          if (l > 0) {
+            wait(kFcProjHandoff, g - 1);
+            stamp(p, t, 11);
+          } else if (s == 0) {
+            asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");  // every block started
+          }  // later steps: every block's pick came after its last read of these rows
+          layernormTo(r.lnY, r.xs, ln, C);
+          stamp(p, t, 0);
+        });
+      }
+      stamp(p, t, 1);
+      if constexpr (kSync == kAsyncHandoff) {
+        arrive(kQkvHandoff);
+        wait(kQkvHandoff, g);
+      } else {
+        cl.sync();
+      }
+      stamp(p, t, 2);
+      const int first = p.stageRs ? int(blockIdx.x) - rank0 : int(blockIdx.x);
+      for (int h = first; h >= 0 && h < p.NH; h += p.stageRs ? p.NH : int(gridDim.x)) {
+        float* y = r.lnY + h * hs;
+        if (p.stageRs)  // then this block attends one head of the layer
+          attendStaged(p, base, att, y, L.cache, h, pos);
+        else
+          decode::query(att, y, p.att + (int64_t)h * p.maxT, L.cache + h * hs, stride, pos + 1, C,
+                        hs);
+        __syncthreads();
+        for (int i = threadIdx.x; i < hs * int(gridDim.x); i += kThreads)
+          putShared(cl, y + i % hs, unsigned(i / hs), y[i % hs], bar(kAttHandoff));
+        for (int i = threadIdx.x; i < hs; i += kThreads) p.y[h * hs + i] = y[i];
+        __syncthreads();  // att is reused by the next head
+      }
+      stamp(p, t, 3);
+      arrive(kAttHandoff);
+      // The next layer's rows, while the proj phase runs (this layer's stage reads are done).
+      if (l + 1 < p.nLayer) stageHead(p, base, p.layers[l + 1].cache, pos);
+      Dest proj{Epi::Residual, p.x, r.xs};
+      proj.bar = bar(kProjHandoff);
+      linear2(cl, r, r.lnY, L.proj, C, C, proj, [&] {
+        wait(kAttHandoff, g);
+        stamp(p, t, 4);
       });
-    }
-    stamp(p, t, 1);
-    if constexpr (kSync == kAsyncHandoff) {
-      arrive(kQkvHandoff);
-      wait(kQkvHandoff, l);
-    } else {
-      cl.sync();
-    }
-    stamp(p, t, 2);
-    for (int h = blockIdx.x; h < p.NH; h += gridDim.x) {
-      float* y = r.lnY + h * hs;
-      if (p.stageRs)  // then NH <= blocks: h is this block's one head
-        attendStaged(p, base, att, y, L.cache, h, pos);
-      else
-        decode::query(att, y, p.att + (int64_t)h * p.maxT, L.cache + h * hs, stride, pos + 1, C,
-                      hs);
-      __syncthreads();
-      for (int i = threadIdx.x; i < hs * int(gridDim.x); i += kThreads)
-        putShared(cl, y + i % hs, unsigned(i / hs), y[i % hs], bar(kAttHandoff));
-      for (int i = threadIdx.x; i < hs; i += kThreads) p.y[h * hs + i] = y[i];
-      __syncthreads();  // att is reused by the next head
-    }
-    stamp(p, t, 3);
-    arrive(kAttHandoff);
-    // The next layer's rows, while the proj phase runs (this layer's stage reads are done).
-    if (l + 1 < p.nLayer) stageHead(p, base, p.layers[l + 1].cache, pos);
-    Dest proj{Epi::Residual, p.x, r.xs};
-    proj.bar = bar(kProjHandoff);
-    linear2(cl, r, r.lnY, L.proj, C, C, proj, [&] {
-      wait(kAttHandoff, l);
-      stamp(p, t, 4);
-    });
-    stamp(p, t, 5);
-    {
-      arrive(kProjHandoff);
-      const LnParams ln = loadLn(L.ln2w, L.ln2b, C);
-      Dest fc{Epi::Gelu, p.h, r.hb};
-      fc.bar = bar(kFcHandoff);
-      linear2(cl, r, r.lnY, L.fc, C, 4 * C, fc, [&] {
-        wait(kProjHandoff, l);
-        stamp(p, t, 6);
-        layernormTo(r.lnY, r.xs, ln, C);
-        stamp(p, t, 7);
+      stamp(p, t, 5);
+      {
+        arrive(kProjHandoff);
+        const LnParams ln = loadLn(L.ln2w, L.ln2b, C);
+        Dest fc{Epi::Gelu, p.h, r.hb};
+        fc.bar = bar(kFcHandoff);
+        linear2(cl, r, r.lnY, L.fc, C, 4 * C, fc, [&] {
+          wait(kProjHandoff, g);
+          stamp(p, t, 6);
+          layernormTo(r.lnY, r.xs, ln, C);
+          stamp(p, t, 7);
+        });
+      }
+      stamp(p, t, 8);
+      arrive(kFcHandoff);
+      Dest fcProj{Epi::Residual, p.x, r.xs};
+      fcProj.bar = bar(kFcProjHandoff);
+      linear2(cl, r, r.hb, L.fcProj, 4 * C, C, fcProj, [&] {
+        wait(kFcHandoff, g);
+        stamp(p, t, 9);
       });
+      stamp(p, t, 10);
     }
-    stamp(p, t, 8);
-    arrive(kFcHandoff);
-    Dest fcProj{Epi::Residual, p.x, r.xs};
-    fcProj.bar = bar(kFcProjHandoff);
-    linear2(cl, r, r.hb, L.fcProj, 4 * C, C, fcProj, [&] {
-      wait(kFcHandoff, l);
-      stamp(p, t, 9);
-    });
-    stamp(p, t, 10);
-  }
-  // The head's first rows (a warp per vocabulary row, lanes over k) and the final LayerNorm's
-  // parameters, read before the last barrier.
-  if (p.nLayer > 0) arrive(kFcProjHandoff);
-  const LnParams lnf = loadLn(p.lnfw, p.lnfb, C);
-  const int lane = threadIdx.x & 31;
-  const int gw = blockIdx.x * kWarps + (threadIdx.x >> 5), W = gridDim.x * kWarps;
-  constexpr int kHeadAhead = 8;  // C <= 256: the whole row
-  float hr[kHeadAhead];
+    // The head's first rows (a warp per vocabulary row, lanes over k) and the final LayerNorm's
+    // parameters, read before the last barrier.
+    if (p.nLayer > 0) arrive(kFcProjHandoff);
+    const LnParams lnf = loadLn(p.lnfw, p.lnfb, C);
+    const int lane = threadIdx.x & 31;
+    const int gw = blockIdx.x * kWarps + (threadIdx.x >> 5), W = gridDim.x * kWarps;
+    constexpr int kHeadAhead = 8;  // C <= 256: the whole row
+    float hr[kHeadAhead];
 #pragma unroll
-  for (int i = 0; i < kHeadAhead; ++i) {
-    const int k = lane + 32 * i;
-    hr[i] = gw < p.V && k < C ? __ldg(p.wte + (int64_t)gw * C + k) : 0.f;
-  }
-  if (p.nLayer > 0) {
-    wait(kFcProjHandoff, p.nLayer - 1);
-    stamp(p, t, 11);
-  } else {
-    asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
-  }
-  layernormTo(r.lnY, r.xs, lnf, C);
-  stamp(p, t, 12);
-  for (int n = gw; n < p.V; n += W) {
-    const float* brow = p.wte + (int64_t)n * C;
-    float acc = 0.0f;
-    if (n == gw && C <= 32 * kHeadAhead) {
-#pragma unroll
-      for (int i = 0; i < kHeadAhead; ++i)
-        if (lane + 32 * i < C) acc = fmaf(r.lnY[lane + 32 * i], hr[i], acc);
+    for (int i = 0; i < kHeadAhead; ++i) {
+      const int k = lane + 32 * i;
+      hr[i] = gw < p.V && k < C ? __ldg(p.wte + (int64_t)gw * C + k) : 0.f;
+    }
+    if (p.nLayer > 0) {
+      wait(kFcProjHandoff, (s + 1) * p.nLayer - 1);
+      stamp(p, t, 11);
     } else {
+      asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
+    }
+    layernormTo(r.lnY, r.xs, lnf, C);
+    stamp(p, t, 12);
+    float* logitsS = base + p.logitsOff;  // steps > 1
+    for (int n = gw; n < p.V; n += W) {
+      const float* brow = p.wte + (int64_t)n * C;
+      float acc = 0.0f;
+      if (n == gw && C <= 32 * kHeadAhead) {
+#pragma unroll
+        for (int i = 0; i < kHeadAhead; ++i)
+          if (lane + 32 * i < C) acc = fmaf(r.lnY[lane + 32 * i], hr[i], acc);
+      } else {
 #pragma unroll 8
-      for (int k = lane; k < C; k += 32) acc = fmaf(r.lnY[k], __ldg(brow + k), acc);
+        for (int k = lane; k < C; k += 32) acc = fmaf(r.lnY[k], __ldg(brow + k), acc);
+      }
+      const float v = warpSum(acc);  // every lane: the same bits (a butterfly)
+      if (lane == 0) p.logits[n] = v;
+      if (steps > 1 && lane < int(gridDim.x))
+        putShared(cl, logitsS + n, unsigned(lane), v, bar(kLogitsHandoff));
     }
-    const float s = warpSum(acc);
-    if (lane == 0) p.logits[n] = s;
+    stamp(p, t, 13);
+    if constexpr (kSync == kAsyncHandoff) {
+      if (steps > 1) {
+        // Every block picks from its copy of the logits (warpGreedyPick: the same bits in every
+        // block, so the same token) and goes on with it; block 0 writes the token row.
+        if (C <= kThreads && int(threadIdx.x) < C && pos + 1 < p.maxT)
+          wpeNext = __ldg(p.wpe + (int64_t)(pos + 1) * C + threadIdx.x);
+        async::mbarWait<async::Acquire::Cluster>(bar(kLogitsHandoff), unsigned(s) & 1u);
+        if (threadIdx.x == 0 && s + 1 < steps)
+          async::mbarExpectTx(bar(kLogitsHandoff), handoffBytes(p, kLogitsHandoff, 0));
+        if (threadIdx.x < 32) {
+          const int next = warpGreedyPick(p.V, [&](int v) { return logitsS[v]; });
+          if (lane == 0) {
+            picked = next;
+            if (blockIdx.x == 0) {
+              p.tokens[pos] = next;
+              if (s + 1 == steps || pos + 1 == p.maxT) {
+                p.advance[0] = next;
+                p.advance[1] = pos + 1;
+              }
+            }
+          }
+        }
+        __syncthreads();
+        tok = picked;
+        continue;
+      }
+    }
+    greedyTail(p, pos);
   }
-  stamp(p, t, 13);
-  greedyTail(p, pos);
   flushTrace(p, t);
 }
 
@@ -1143,11 +1247,13 @@ void printProfile() {
       "ln1 (+row/embed)", "qkv", "barrier", "attention",     "barrier", "proj (+row)", "barrier",
       "ln2 (+row)",       "fc",  "barrier", "fcProj (+row)", "barrier", "final ln",    "head"};
   auto us = [&](int mark, int block) {
-    return double(h[size_t(mark) * kMaxCluster + size_t(block)]) / n / (khz * 1e-3);
+    const double launches = std::max(1.0, double(h[size_t(kProfCounts + mark)]));
+    return double(h[size_t(mark) * kMaxCluster + size_t(block)]) / launches / (khz * 1e-3);
   };
   std::fprintf(stderr,
                "[decode profile] forms launched (bits) %d, %.0f launches, %d blocks, clock %d "
-               "MHz; us since the block's start (thread 0), mean per launch\n",
+               "MHz; us since the block's start (thread 0), mean over the launches that "
+               "reached the mark\n",
                gProfForms, n, blocks, khz / 1000);
   std::vector<double> sum0(kProfPoints, 0.0), sumMax(kProfPoints, 0.0);
   double prev0 = 0, prevMax = 0;
@@ -1283,6 +1389,20 @@ int launchDecodeStep(const Ops::DecodeStepArgs& a) {
   // Form 4 hands the query and row pos over in shared memory only (qkvShared); else form 3,
   // whose static shared memory is smaller, so the same dynamic size fits it.
   const int run = form == 4 && !p.qkvShared ? 3 : form;
+  p.steps = 1;
+  p.resident = run == 4 && p.NH * nLayer <= blocks;
+  if (a.greedySteps > 1) {
+    // Several greedy steps in this launch: form 4 only, the logits in shared memory after
+    // the stage.
+    const size_t off = (cfg.dynamicSmemBytes / sizeof(float) + 3) / 4 * 4;
+    const size_t bytes = (off + size_t(a.V + 3) / 4 * 4) * sizeof(float);
+    if (run != 4 || !a.greedyTokens || nLayer < 1 || a.greedySteps > a.maxT ||
+        bytes > size_t(dynSmemCapBytes(run)))
+      return 0;
+    p.steps = a.greedySteps;
+    p.logitsOff = int(off);
+    cfg.dynamicSmemBytes = bytes;
+  }
   PTLLM_CUDA_CHECK(cudaLaunchKernelExC(&cfg, formKernel(run), params));
   if (p.prof) {
     gProfForms |= 1 << (form - 1);
