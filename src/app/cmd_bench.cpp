@@ -124,8 +124,7 @@ void benchSample(const ModelArgs& a, const GlobalOptions& g) {
       "peer=ptllm mode=sample device=%s n_layer=%d n_head=%d n_embd=%d block=%d threads=%d "
       "path=%s step_graph=%d step_form=%s fused_blocks=%d fused_form=%d greedy_graph=%d "
       "persistent_run=%d params=%lld tokens=%d repeats=%zu secs=%.4f secs_min=%.4f us_token=%.1f "
-      "tok_s=%.2f "
-      "step_us=%.1f\n",
+      "tok_s=%.2f step_us=%.1f\n",
       e.ops->name(), a.cfg.nLayer, a.cfg.nHead, a.cfg.nEmbd, a.cfg.blockSize, threadCount(),
       pathName(m).c_str(), int(m.usedStepGraph()),
       form == Gpt2::FusedSteps::Auto ? "auto"

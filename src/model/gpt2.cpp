@@ -591,10 +591,7 @@ bool Gpt2::decodeGreedy(int32_t first, int n, const std::function<void(int32_t)>
     } else {
       if (greedyRunGraphs_ && persistentGreedyRuns_ && rec->persistentRun && n - queued >= 2) {
         // The rest of the run as one launch too (not recorded: its length varies).
-        Ops::DecodeStepArgs args = fusedStepArgs(path, rec->form);
-        args.greedyTokens = ids;
-        args.greedySteps = n - queued;
-        if (ops_.decodeStepFused(args) > 0) {
+        if (queueGreedyRun(path, rec->form, ids, n - queued) > 0) {
           queued = n;
           usedPersistentRun_ = true;
         }
@@ -707,6 +704,15 @@ int Gpt2::queueStep(const PathEntry* path, bool fused, int form, int32_t* greedy
   return fusedBlocks;
 }
 
+// `steps` greedy steps as one fused launch in `form` (DecodeStepArgs::greedySteps): its blocks,
+// or 0 with nothing enqueued where the backend cannot.
+int Gpt2::queueGreedyRun(const PathEntry* path, int form, int32_t* greedyIds, int steps) {
+  Ops::DecodeStepArgs args = fusedStepArgs(path, form);
+  args.greedyTokens = greedyIds;
+  args.greedySteps = steps;
+  return ops_.decodeStepFused(args);
+}
+
 // rec.greedyRun: kGreedyRunSteps times rec's step (the same launch: fused in rec's form, or the
 // op kernels) followed by the pick, in one graph; a fused step makes the pick at its end (one
 // launch per token: H200 run 25). Where the fused step runs all kGreedyRunSteps steps in one
@@ -719,10 +725,7 @@ void Gpt2::recordGreedyRun(StepRecording& rec, const PathEntry* path, int32_t* i
     rec.persistentRun = false;
     rec.greedyRun = recordGraph(ops_, [&] {
       if (persistentGreedyRuns_ && rec.fusedBlocks > 0) {
-        Ops::DecodeStepArgs args = fusedStepArgs(path, rec.form);
-        args.greedyTokens = ids;
-        args.greedySteps = kGreedyRunSteps;
-        rec.persistentRun = ops_.decodeStepFused(args) > 0;
+        rec.persistentRun = queueGreedyRun(path, rec.form, ids, kGreedyRunSteps) > 0;
         if (rec.persistentRun) return;
       }
       for (int i = 0; i < kGreedyRunSteps; ++i) {

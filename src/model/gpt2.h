@@ -194,6 +194,7 @@ class Gpt2 {
   void stepsReplayed(const StepRecording& rec, const PathEntry* path, int n);
   StepRecording recordDecodeStep(const PathEntry* path, bool fused, int form);
   int queueStep(const PathEntry* path, bool fused, int form, int32_t* greedyIds = nullptr);
+  int queueGreedyRun(const PathEntry* path, int form, int32_t* greedyIds, int steps);
   void recordGreedyRun(StepRecording& rec, const PathEntry* path, int32_t* ids);
   double stepMicros(StepRecording& rec, int32_t token);
   void recordOpSteps(const PathEntry* path);

@@ -966,8 +966,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         cl.sync();
       }
       stamp(p, t, 2);
-      const int first = p.stageRs ? int(blockIdx.x) - rank0 : int(blockIdx.x);
-      for (int h = first; h >= 0 && h < p.NH; h += p.stageRs ? p.NH : int(gridDim.x)) {
+      // Head h on block rank0 + h (rank0 is 0 unless resident); with the stage that is one head
+      // per block (NH <= blocks), so the stride ends the loop after it.
+      for (int h = int(blockIdx.x) - rank0; h >= 0 && h < p.NH; h += int(gridDim.x)) {
         float* y = r.lnY + h * hs;
         if (p.stageRs)  // then this block attends one head of the layer
           attendStaged(p, base, att, y, L.cache, h, pos);
