@@ -428,7 +428,9 @@ TEST_F(CudaDecodeStep, FusedGreedyPickEqualsGreedyAdvance) {
 // number of single greedy steps leave them. Shapes: the bundled model (each block keeps one
 // (layer, head) pair's rows for the launch at 16 blocks; at 8 it re-stages them per layer), one
 // head and one layer running to the context's end, 5 layers x 4 heads (more pairs than blocks:
-// staged per layer), and an f32 model (no form 4: refused, nothing written).
+// staged per layer), the bundled shape with f32 and with mixed linears (form 4 hands the qkv
+// row over in shared memory from either GEMV), and a head size of 16 (no stage, so no form 4:
+// refused, nothing written).
 TEST_F(CudaDecodeStep, FusedGreedyRunEqualsSingleSteps) {
   struct RunShape {
     StepShape s;
@@ -438,7 +440,9 @@ TEST_F(CudaDecodeStep, FusedGreedyRunEqualsSingleSteps) {
   const RunShape table[] = {
       {{256, 4, 4, 65, 256, 0, "f16"}, 7, true}, {{256, 4, 4, 65, 256, 190, "f16"}, 5, true},
       {{64, 1, 1, 1, 8, 2, "f16"}, 6, true},     {{128, 4, 5, 50, 32, 20, "f16"}, 4, true},
-      {{128, 2, 3, 300, 64, 9, "f16"}, 3, true}, {{64, 2, 2, 7, 16, 3, "f32"}, 4, false},
+      {{128, 2, 3, 300, 64, 9, "f16"}, 3, true}, {{256, 4, 4, 65, 256, 40, "f32"}, 5, true},
+      {{64, 2, 2, 7, 16, 3, "f32"}, 4, true},    {{256, 4, 4, 65, 256, 9, "mixed"}, 4, true},
+      {{48, 3, 2, 17, 16, 3, "f16"}, 4, false},
   };
   uint64_t seed = 11;
   for (const RunShape& t : table) {

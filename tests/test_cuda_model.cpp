@@ -184,21 +184,19 @@ TEST_F(CudaModel, DeviceGreedyRunsEqualTheHostLoop) {
     sameRunAgain();
     m.setGreedyRunGraphs(true);
 
-    // Fused form 4 forced (f16-storage: its qkv hands the query over in shared memory): each
-    // full run is one launch of all its steps, and so is the tail; with that off, one launch
-    // per step.
-    if (std::string(paths) == "auto") {
-      for (bool persistent : {true, false}) {
-        SCOPED_TRACE(persistent ? "one launch per run" : "one launch per step");
-        m.setFusedSteps(Gpt2::FusedSteps::On, 0, 4);
-        m.setPersistentGreedyRuns(persistent);
-        sameRunAgain();
-        EXPECT_EQ(m.usedFusedForm(), 4);
-        EXPECT_EQ(m.usedPersistentGreedyRun(), persistent);
-      }
-      m.setPersistentGreedyRuns(true);
-      m.setFusedSteps(Gpt2::FusedSteps::Auto);
+    // Fused form 4 forced (on either path its qkv hands the query over in shared memory):
+    // each full run is one launch of all its steps, and so is the tail; with that off, one
+    // launch per step.
+    for (bool persistent : {true, false}) {
+      SCOPED_TRACE(persistent ? "one launch per run" : "one launch per step");
+      m.setFusedSteps(Gpt2::FusedSteps::On, 0, 4);
+      m.setPersistentGreedyRuns(persistent);
+      sameRunAgain();
+      EXPECT_EQ(m.usedFusedForm(), 4);
+      EXPECT_EQ(m.usedPersistentGreedyRun(), persistent);
     }
+    m.setPersistentGreedyRuns(true);
+    m.setFusedSteps(Gpt2::FusedSteps::Auto);
   }
 }
 

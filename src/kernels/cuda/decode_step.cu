@@ -75,9 +75,9 @@ struct StepParams {
   // rows of stageRs floats from float stageOff of the dynamic shared memory, keys then values
   // (maxT rows each); stageRs 0: read from global memory.
   int stageRs, stageOff;
-  // With the stage, where C and the head size are powers of two and every layer's attn linear
-  // is f16: the qkv epilogue also puts head h's query, key and value into block h's shared
-  // memory (Dest::stage), so its attention reads none of them through L2 (run 27).
+  // With the stage, where C and the head size are powers of two: the qkv epilogue (f16 or f32
+  // linear) also puts head h's query, key and value into block h's shared memory
+  // (Dest::stage), so its attention reads none of them through L2 (run 27).
   int qkvShared;
   // Form 4 with the stage and NH * nLayer <= blocks: block l * NH + h attends head h of layer l
   // and keeps that pair's key and value rows in its stage for the whole launch (staged once at
@@ -537,6 +537,7 @@ __device__ __forceinline__ void storeQkvShared(cg::cluster_group& cl, const Dest
 __device__ __forceinline__ void storeOne(cg::cluster_group& cl, const Dest& d, int n, float v) {
   if (d.e == Epi::Store) {
     d.global[n] = v;
+    if (d.stage) storeQkvShared(cl, d, n, v);
     return;
   }
   const float o = d.e == Epi::Residual ? __fadd_rn(d.shared[n], v) : geluTanh(v);
@@ -809,7 +810,9 @@ __device__ __forceinline__ void linear2(cg::cluster_group& cl, const Rows& r, co
 //     hand-offs 24.2 -> 16.9 us per step, 71.9 -> 64.5 us/token
 //     (bench/results/cuda-20261206-0325-handoff-form4-h100.txt).
 //     Form 4 needs the qkv phase to hand the query and row pos to the attention block in
-//     shared memory (StepParams::qkvShared); elsewhere the launch runs form 3.
+//     shared memory (StepParams::qkvShared: either GEMV's epilogue does it; f32 models gained
+//     it in run 39, 81.2 -> 67.0 us/token with whole-run launches); elsewhere the launch runs
+//     form 3.
 //     Form 4 also runs whole greedy runs in one launch (StepParams::steps): the head's logits
 //     go to every block's shared memory on a sixth mbarrier, every block makes the pick itself
 //     (the same bits, so the same token) and goes on to the next step; each barrier's use
@@ -1219,7 +1222,6 @@ size_t smemBytes(int form, StepParams& p, int blocks) {
     p.stageRs = rs;
     p.stageOff = off;
     p.qkvShared = (p.C & (p.C - 1)) == 0;  // hs is 32 or 64
-    for (int l = 0; l < p.nLayer; ++l) p.qkvShared &= p.layers[l].attn.f16;
     return staged;
   }
   return rows;
