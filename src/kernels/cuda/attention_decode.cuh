@@ -27,17 +27,43 @@ struct Smem {
   float red[32];
 };
 
+// blockReduce's value (cuda_reduce.cuh: the warp's butterfly, then the butterfly over the warps'
+// results) with one block barrier instead of two: each warp's lane 0 writes its result to
+// slots[warp], and every thread combines the kWarps slots pairwise as blockReduce's second
+// butterfly does for lane 0 (o = kWarps/2, ..., 1: v[i] = op(v[i], v[i + o])); its levels above
+// kWarps combine with the identity, which leaves a sum of non-negative terms or a maximum
+// unchanged, and the butterfly gives every lane lane 0's bits. Callers give each reduction its
+// own slots, so no barrier has to keep a previous call's readers from them.
+template <class Op>
+inline __device__ float blockReduceOnce(float v, Op op, float* slots) {
+  static_assert((kWarps & (kWarps - 1)) == 0 && kWarps <= 32, "a butterfly over the warps");
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+  if (lane == 0) slots[warp] = v;
+  __syncthreads();
+  float w[kWarps];
+#pragma unroll
+  for (int i = 0; i < kWarps; ++i) w[i] = slots[i];
+#pragma unroll
+  for (int o = kWarps / 2; o > 0; o >>= 1)
+#pragma unroll
+    for (int i = 0; i < o; ++i) w[i] = op(w[i], w[i + o]);
+  return w[0];
+}
+
 // The scores sm.s[0, Tk) (this thread's maximum in mx) become probabilities in place and in
-// attRow: block-wide max, exp, block-wide sum, one multiply by its inverse.
+// attRow: block-wide max, exp, block-wide sum, one multiply by its inverse. The maximum's zero
+// sign may differ from blockReduce's in some lanes; s - (+0) and s - (-0) have the same exp.
 inline __device__ void softmaxScores(Smem& sm, float* attRow, int Tk, float mx) {
-  mx = blockReduce(mx, MaxOp{}, -INFINITY, sm.red);
+  mx = blockReduceOnce(mx, MaxOp{}, sm.red);
   float sum = 0.0f;
   for (int j = threadIdx.x; j < Tk; j += kThreads) {
     const float e = expf(sm.s[j] - mx);
     sm.s[j] = e;
     sum += e;
   }
-  const float inv = 1.0f / blockReduce(sum, SumOp{}, 0.0f, sm.red);
+  const float inv = 1.0f / blockReduceOnce(sum, SumOp{}, sm.red + kWarps);
   for (int j = threadIdx.x; j < Tk; j += kThreads) {
     sm.s[j] *= inv;
     attRow[j] = sm.s[j];
@@ -109,16 +135,22 @@ struct SharedKv {
   __device__ const float* value(int j) const { return v + j * rs; }
 };
 
+constexpr int kValueAhead = 16;  // Tk <= 128: every value row a warp sums in one round trip
+
 // queryAnyHs for a head size known at compile time (a multiple of 32) and 16-byte aligned
 // rows: the same arithmetic in the same order, only the loads differ — a thread's whole key row
 // in flight at once (float4), and kValueAhead keys' values in flight per warp — so the scores
 // and the value sums wait for one memory round trip instead of one per few channels. The query
 // is qRow[0, HS) (global memory), or, qRow null, already in sm.q (the fused decode step puts it
-// there).
-constexpr int kValueAhead = 16;  // Tk <= 128: every value row a warp sums in one round trip
-template <int HS, class Kv>
-__device__ void queryFixedHs(Smem& sm, float* out, float* attRow, const float* qRow, const Kv& kv,
-                             int Tk, int hs) {
+// there). queryFixedHsTo hands the output to emit(copy, d, o) instead of storing it: every thread t
+// adds the partial sums of channel d = t % HS (the same order, so the same bits) and calls it
+// with copy = t / HS, 0 .. kThreads / HS - 1 — kThreads / HS copies of each channel in
+// registers, which the fused decode step sends to the cluster's blocks without first storing
+// the row and waiting on a block barrier.
+template <int HS, class Kv, class Emit>
+__device__ void queryFixedHsTo(Smem& sm, Emit&& emit, float* attRow, const float* qRow,
+                               const Kv& kv, int Tk, int hs) {
+  static_assert(kThreads % HS == 0, "whole copies of the row");
   static_assert(HS % 32 == 0 && HS <= kMaxHs, "a multiple of 32 channels");
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const float scale = 1.0f / sqrtf(float(hs));
@@ -165,7 +197,24 @@ __device__ void queryFixedHs(Smem& sm, float* out, float* attRow, const float* q
   }
 #pragma unroll
   for (int r = 0; r < HS / 32; ++r) sm.partial[warp][lane + 32 * r] = acc[r];
-  sumPartials(sm, out, HS);
+  __syncthreads();
+  const int d = int(threadIdx.x) % HS;
+  float o = 0.0f;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) o += sm.partial[w][d];
+  emit(int(threadIdx.x) / HS, d, o);
+}
+
+// queryFixedHsTo storing out[d] (copy 0).
+template <int HS, class Kv>
+__device__ void queryFixedHs(Smem& sm, float* out, float* attRow, const float* qRow, const Kv& kv,
+                             int Tk, int hs) {
+  queryFixedHsTo<HS>(
+      sm,
+      [out](int copy, int d, float o) {
+        if (copy == 0) out[d] = o;
+      },
+      attRow, qRow, kv, Tk, hs);
 }
 
 // The decode attention of one head (the choice depends only on the arguments, so every caller

@@ -417,11 +417,12 @@ __device__ __forceinline__ void stageResident(const StepParams& p, float* base, 
   stageRows(p, base, p.layers[b / p.NH].cache, b % p.NH, pos);
 }
 
-// Head h's attention (queryFixedHs) over its staged rows 0..pos-1 and row pos, which the qkv
+// Head h's attention (queryFixedHsTo) over its staged rows 0..pos-1 and row pos, which the qkv
 // phase of this launch wrote: read through L2 into the stage first, or (p.qkvShared) already
-// stored there and into sm.q by the qkv phase.
-__device__ void attendStaged(const StepParams& p, float* base, decode::Smem& sm, float* y,
-                             const float* cache, int h, int pos) {
+// stored there and into sm.q by the qkv phase. The output goes to emit(copy, d, o).
+template <class Emit>
+__device__ __forceinline__ void attendStaged(const StepParams& p, float* base, decode::Smem& sm,
+                                             Emit&& emit, const float* cache, int h, int pos) {
   const int C = p.C, hs = C / p.NH, rs = p.stageRs;
   const int64_t stride = 3 * (int64_t)C;
   const float* head = cache + h * hs;
@@ -439,9 +440,9 @@ __device__ void attendStaged(const StepParams& p, float* base, decode::Smem& sm,
   float* attRow = p.att + (int64_t)h * p.maxT;
   const float* qRow = p.qkvShared ? nullptr : head + pos * stride;
   if (hs == 64)
-    decode::queryFixedHs<64>(sm, y, attRow, qRow, kv, pos + 1, hs);
+    decode::queryFixedHsTo<64>(sm, emit, attRow, qRow, kv, pos + 1, hs);
   else
-    decode::queryFixedHs<32>(sm, y, attRow, qRow, kv, pos + 1, hs);
+    decode::queryFixedHsTo<32>(sm, emit, attRow, qRow, kv, pos + 1, hs);
 }
 
 __device__ __forceinline__ int f16Vpl(int K) {
@@ -973,16 +974,28 @@ __global__ void __launch_bounds__(kThreads, 1)
       // per block (NH <= blocks), so the stride ends the loop after it.
       for (int h = int(blockIdx.x) - rank0; h >= 0 && h < p.NH; h += int(gridDim.x)) {
         float* y = r.lnY + h * hs;
-        if (p.stageRs)  // then this block attends one head of the layer
-          attendStaged(p, base, att, y, L.cache, h, pos);
-        else
+        if (p.stageRs) {
+          // Then this block attends one head of the layer (no next head reuses att), and each
+          // thread sends the channel it holds a copy of to its share of the blocks (this one's
+          // y too): no store of the row and block barrier before the sends.
+          const int copies = kThreads / hs;
+          attendStaged(
+              p, base, att,
+              [&](int copy, int d, float o) {
+                for (int b = copy; b < int(gridDim.x); b += copies)
+                  putShared(cl, y + d, unsigned(b), o, bar(kAttHandoff));
+                if (copy == 0) p.y[h * hs + d] = o;
+              },
+              L.cache, h, pos);
+        } else {
           decode::query(att, y, p.att + (int64_t)h * p.maxT, L.cache + h * hs, stride, pos + 1, C,
                         hs);
-        __syncthreads();
-        for (int i = threadIdx.x; i < hs * int(gridDim.x); i += kThreads)
-          putShared(cl, y + i % hs, unsigned(i / hs), y[i % hs], bar(kAttHandoff));
-        for (int i = threadIdx.x; i < hs; i += kThreads) p.y[h * hs + i] = y[i];
-        __syncthreads();  // att is reused by the next head
+          __syncthreads();
+          for (int i = threadIdx.x; i < hs * int(gridDim.x); i += kThreads)
+            putShared(cl, y + i % hs, unsigned(i / hs), y[i % hs], bar(kAttHandoff));
+          for (int i = threadIdx.x; i < hs; i += kThreads) p.y[h * hs + i] = y[i];
+          __syncthreads();  // att is reused by the next head
+        }
       }
       stamp(p, t, 3);
       arrive(kAttHandoff);
