@@ -24,7 +24,7 @@ struct Smem {
   float q[kMaxHs];
   float s[kMaxTk];
   float partial[kWarps][kMaxHs];
-  float red[32];
+  float red[32];  // softmaxScores: the max's slots [0, kWarps), the sum's [kWarps, 2 kWarps)
 };
 
 // blockReduce's value (cuda_reduce.cuh: the warp's butterfly, then the butterfly over the warps'
@@ -39,7 +39,7 @@ inline __device__ float blockReduceOnce(float v, Op op, float* slots) {
   static_assert((kWarps & (kWarps - 1)) == 0 && kWarps <= 32, "a butterfly over the warps");
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(kFullMask, v, o));
   if (lane == 0) slots[warp] = v;
   __syncthreads();
   float w[kWarps];
@@ -71,15 +71,18 @@ inline __device__ void softmaxScores(Smem& sm, float* attRow, int Tk, float mx) 
   __syncthreads();
 }
 
-// out[d] for d < hs: the warps' partial value sums sm.partial[*][d], added in warp order.
+// Channel d of the output: the warps' partial value sums sm.partial[*][d], added in warp order.
+inline __device__ float channelSum(const Smem& sm, int d) {
+  float o = 0.0f;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) o += sm.partial[w][d];
+  return o;
+}
+
+// out[d] = channelSum(d) for d < hs, once the warps' partials are stored.
 inline __device__ void sumPartials(Smem& sm, float* out, int hs) {
   __syncthreads();
-  for (int d = threadIdx.x; d < hs; d += kThreads) {
-    float o = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) o += sm.partial[w][d];
-    out[d] = o;
-  }
+  for (int d = threadIdx.x; d < hs; d += kThreads) out[d] = channelSum(sm, d);
 }
 
 // The query row of one head at position Tk-1 over keys/values 0..Tk-1; `base` points at the
@@ -199,10 +202,7 @@ __device__ void queryFixedHsTo(Smem& sm, Emit&& emit, float* attRow, const float
   for (int r = 0; r < HS / 32; ++r) sm.partial[warp][lane + 32 * r] = acc[r];
   __syncthreads();
   const int d = int(threadIdx.x) % HS;
-  float o = 0.0f;
-#pragma unroll
-  for (int w = 0; w < kWarps; ++w) o += sm.partial[w][d];
-  emit(int(threadIdx.x) / HS, d, o);
+  emit(int(threadIdx.x) / HS, d, channelSum(sm, d));
 }
 
 // queryFixedHsTo storing out[d] (copy 0).
