@@ -35,6 +35,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/cuda/async_copy.cuh"
@@ -97,7 +98,7 @@ struct StepParams {
 };
 static_assert(sizeof(StepParams) <= 4096, "kernel parameters");
 
-struct StepSmem {
+struct alignas(16) StepSmem {  // row: 16-byte loads (loadInputs)
   union {
     float row[4 * kMaxC];  // the current linear's input: a LayerNorm output, y or h
     decode::Smem att;
@@ -151,6 +152,48 @@ __device__ void layernormRow(StepSmem& sm, const float* w, const float* b, int C
   __syncthreads();
 }
 
+// The E = 8 inputs xs[k0, k0 + E) of one packed f16 weight vector into registers, read once for
+// all of a warp's columns: two 16-byte shared loads where the whole vector lies below K (xs
+// 16-byte aligned, k0 a multiple of E), else element-wise with zeros past K (whose products the
+// callers skip). Element-wise reads at the lanes' 32-byte stride were an 8-way bank conflict
+// each, repeated for every column: 8 warps x CB columns x 8 loads x 8 wavefronts per vector,
+// ~2 us of the shared-memory pipe per linear at CB = 8 (run 41: the bundled model's linears
+// 0.8-1.9 -> 0.5-1.0 us each, 57.0 -> 42.9 us/token).
+__device__ __forceinline__ void loadInputs(const float* xs, int k0, int K, float (&x)[8]) {
+  static_assert(perVec<Fmt::F16>() == 8, "an f16 vector is 8 elements");
+  if (k0 + 8 <= K) {
+    const float4 a = *reinterpret_cast<const float4*>(xs + k0);
+    const float4 b = *reinterpret_cast<const float4*>(xs + k0 + 4);
+    x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w;
+    x[4] = b.x, x[5] = b.y, x[6] = b.z, x[7] = b.w;
+  } else {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) x[j] = k0 + j < K ? xs[k0 + j] : 0.f;
+  }
+}
+
+// acc[c] += x[j] * w_c[j] in order, j < valid, for the CB columns' vector i (wv[c][i]). The
+// whole-vector case (every vector but a row's last where K is not a multiple of 8) has no
+// per-element test.
+template <int CB, int VPL>
+__device__ __forceinline__ void columnsFma(float (&acc)[CB], const uint4 (&wv)[CB][VPL], int i,
+                                           const float (&x)[8], int valid) {
+  auto fmas = [&](auto whole) {
+#pragma unroll
+    for (int c = 0; c < CB; ++c) {
+      float wf[8];
+      unpackVec<Fmt::F16>(wv[c][i], wf);
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+        if (decltype(whole)::value || j < valid) acc[c] = fmaf(x[j], wf[j], acc[c]);
+    }
+  };
+  if (valid == 8)
+    fmas(std::true_type{});
+  else
+    fmas(std::false_type{});
+}
+
 // f16-storage linear, out[n] (epi) fmaf(sum_k xs[k] w[n][k], 1, bias[n]) over every warp of the
 // cluster: CB = kGemvLoads / VPL columns per warp at a time, VPL vectors per lane per column
 // in flight, so nvec <= 32 * VPL needs one round (more rounds in order otherwise).
@@ -178,18 +221,14 @@ __device__ void gemvF16(const float* xs, const unsigned char* w, const float* bi
           wv[c][i] = n < N && v < nvec ? loadStreaming(row + v) : make_uint4(0, 0, 0, 0);
         }
       }
+      // Per column the products still go in order: vector i = 0, 1, ..., elements in order.
 #pragma unroll
-      for (int c = 0; c < CB; ++c) {
-#pragma unroll
-        for (int i = 0; i < VPL; ++i) {
-          const int k0 = (v0 + lane + 32 * i) * E;
-          if (k0 >= K) continue;  // padding (zeros) or past the row
-          float wf[E];
-          unpackVec<Fmt::F16>(wv[c][i], wf);
-#pragma unroll
-          for (int j = 0; j < E; ++j)
-            if (k0 + j < K) acc[c] = fmaf(xs[k0 + j], wf[j], acc[c]);
-        }
+      for (int i = 0; i < VPL; ++i) {
+        const int k0 = (v0 + lane + 32 * i) * E;
+        if (k0 >= K) continue;  // padding (zeros) or past the row
+        float x[E];
+        loadInputs(xs, k0, K, x);
+        columnsFma<CB>(acc, wv, i, x, k0 + E <= K ? E : K - k0);
       }
     }
 #pragma unroll
@@ -646,18 +685,14 @@ __device__ void gemvF16L1(cg::cluster_group& cl, const float* xs, const unsigned
         waiting = false;
       }
       if (!active) break;
+        // Per column the products still go in order: vector i = 0, 1, ..., elements in order.
 #pragma unroll
-      for (int c = 0; c < CB; ++c) {
-#pragma unroll
-        for (int i = 0; i < VPL; ++i) {
-          const int k0 = (v0 + lane + 32 * i) * E;
-          if (k0 >= K) continue;
-          float wf[E];
-          unpackVec<Fmt::F16>(wv[c][i], wf);
-#pragma unroll
-          for (int j = 0; j < E; ++j)
-            if (k0 + j < K) acc[c] = fmaf(xs[k0 + j], wf[j], acc[c]);
-        }
+      for (int i = 0; i < VPL; ++i) {
+        const int k0 = (v0 + lane + 32 * i) * E;
+        if (k0 >= K) continue;
+        float x[E];
+        loadInputs(xs, k0, K, x);
+        columnsFma<CB>(acc, wv, i, x, k0 + E <= K ? E : K - k0);
       }
     }
     if (!active) break;
