@@ -27,43 +27,19 @@ struct Smem {
   float red[32];  // softmaxScores: the max's slots [0, kWarps), the sum's [kWarps, 2 kWarps)
 };
 
-// blockReduce's value (cuda_reduce.cuh: the warp's butterfly, then the butterfly over the warps'
-// results) with one block barrier instead of two: each warp's lane 0 writes its result to
-// slots[warp], and every thread combines the kWarps slots pairwise as blockReduce's second
-// butterfly does for lane 0 (o = kWarps/2, ..., 1: v[i] = op(v[i], v[i + o])); its levels above
-// kWarps combine with the identity, which leaves a sum of non-negative terms or a maximum
-// unchanged, and the butterfly gives every lane lane 0's bits. Callers give each reduction its
-// own slots, so no barrier has to keep a previous call's readers from them.
-template <class Op>
-inline __device__ float blockReduceOnce(float v, Op op, float* slots) {
-  static_assert((kWarps & (kWarps - 1)) == 0 && kWarps <= 32, "a butterfly over the warps");
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(kFullMask, v, o));
-  if (lane == 0) slots[warp] = v;
-  __syncthreads();
-  float w[kWarps];
-#pragma unroll
-  for (int i = 0; i < kWarps; ++i) w[i] = slots[i];
-#pragma unroll
-  for (int o = kWarps / 2; o > 0; o >>= 1)
-#pragma unroll
-    for (int i = 0; i < o; ++i) w[i] = op(w[i], w[i + o]);
-  return w[0];
-}
-
 // The scores sm.s[0, Tk) (this thread's maximum in mx) become probabilities in place and in
-// attRow: block-wide max, exp, block-wide sum, one multiply by its inverse. The maximum's zero
-// sign may differ from blockReduce's in some lanes; s - (+0) and s - (-0) have the same exp.
+// attRow: block-wide max, exp, block-wide sum (blockReduceOnce, cuda_reduce.cuh), one multiply
+// by its inverse. The maximum's zero sign may differ from blockReduce's in some lanes;
+// s - (+0) and s - (-0) have the same exp.
 inline __device__ void softmaxScores(Smem& sm, float* attRow, int Tk, float mx) {
-  mx = blockReduceOnce(mx, MaxOp{}, sm.red);
+  mx = blockReduceOnce<kWarps>(mx, MaxOp{}, sm.red);
   float sum = 0.0f;
   for (int j = threadIdx.x; j < Tk; j += kThreads) {
     const float e = expf(sm.s[j] - mx);
     sm.s[j] = e;
     sum += e;
   }
-  const float inv = 1.0f / blockReduceOnce(sum, SumOp{}, sm.red + kWarps);
+  const float inv = 1.0f / blockReduceOnce<kWarps>(sum, SumOp{}, sm.red + kWarps);
   for (int j = threadIdx.x; j < Tk; j += kThreads) {
     sm.s[j] *= inv;
     attRow[j] = sm.s[j];

@@ -54,6 +54,31 @@ __device__ T blockReduce(T v, Op op, T identity, T* shared) {
   return v;
 }
 
+// blockReduce's value for a block of Warps warps (blockDim.x == 32 * Warps, a power of two) with
+// one block barrier instead of two: each warp's lane 0 writes its butterfly result to
+// slots[warp], and every thread combines the Warps slots pairwise as blockReduce's second
+// butterfly does for lane 0 (o = Warps/2, ..., 1: v[i] = op(v[i], v[i + o])); its levels above
+// Warps combine with the identity, which leaves a sum of non-negative terms or a maximum
+// unchanged, and the butterfly gives every lane lane 0's bits. No leading barrier: callers give
+// each reduction its own Warps slots, so no previous call's readers can still be on them.
+template <int Warps, class Op>
+__device__ __forceinline__ float blockReduceOnce(float v, Op op, float* slots) {
+  static_assert((Warps & (Warps - 1)) == 0 && Warps <= 32, "a butterfly over the warps");
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(kFullMask, v, o));
+  if (lane == 0) slots[warp] = v;
+  __syncthreads();
+  float w[Warps];
+#pragma unroll
+  for (int i = 0; i < Warps; ++i) w[i] = slots[i];
+#pragma unroll
+  for (int o = Warps / 2; o > 0; o >>= 1)
+#pragma unroll
+    for (int i = 0; i < o; ++i) w[i] = op(w[i], w[i + o]);
+  return w[0];
+}
+
 // ---- column reduction: out_o[n] += sum over m < M of f(m, n)[o], o < kOut ----
 // Stage 1: grid (ceil(N/32), chunks), block (32, 8): lane = column, warp = row phase; each
 // block sums its chunk of rows into partial[o][chunk][n]. Stage 2 adds the chunks in order.
