@@ -333,8 +333,8 @@ __device__ void greedyTail(const StepParams& p, int pos) {
 // Each stamp records clock64 since the block's start into shared memory (no memory traffic
 // inside the step, so the stamps do not hold back the barriers' release); the launch's end adds
 // the marks into a device buffer, per mark and block. A mark's point names the phase that
-// ended there; the printout gives every mark's time (block 0, earliest and latest block) and
-// the points summed over layers.
+// ended there; the printout gives every mark's time (block 0, and the earliest and latest block
+// with their ranks) and the points summed over layers.
 // Points: 0 LayerNorm 1 (with the embedding or the row load), 1 qkv, 2 barrier, 3 attention,
 // 4 barrier, 5 proj (with its row load), 6 barrier, 7 LayerNorm 2, 8 fc, 9 barrier, 10 fcProj
 // (with its row load), 11 barrier, 12 final LayerNorm, 13 head.
@@ -1311,14 +1311,15 @@ void printProfile() {
   for (int i = 0; i < marks; ++i) {
     const int point = int(h[size_t(kProfIds) + size_t(i)]) % kProfPoints;
     double lo = us(i, 0), hi = lo;
+    int first = 0, last = 0;  // the blocks that reached the mark first and last
     for (int b = 1; b < blocks; ++b) {
-      lo = std::min(lo, us(i, b));
-      hi = std::max(hi, us(i, b));
+      if (us(i, b) < lo) lo = us(i, b), first = b;
+      if (us(i, b) > hi) hi = us(i, b), last = b;
     }
     std::fprintf(stderr,
-                 "[decode profile] mark %3d %-17s block0 %7.2f  first %7.2f  last %7.2f  "
-                 "(+%.2f)\n",
-                 i, names[point], us(i, 0), lo, hi, hi - prevMax);
+                 "[decode profile] mark %3d %-17s block0 %7.2f  first %7.2f (b%-2d) last %7.2f "
+                 "(b%-2d)  (+%.2f)\n",
+                 i, names[point], us(i, 0), lo, first, hi, last, hi - prevMax);
     sum0[size_t(point)] += us(i, 0) - prev0;
     sumMax[size_t(point)] += hi - prevMax;
     prev0 = us(i, 0);
