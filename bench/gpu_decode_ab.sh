@@ -56,8 +56,8 @@ if [[ "${1:-}" == "--prebuild" ]]; then
   cmp -s .ab-bin/exp/ptllm .ab-bin/base/ptllm && { echo "exp and base ptllm are identical" >&2; exit 1; }
   # Stripped, and in one xz stream whose window spans the files (they share the kernels):
   # ~9 MB instead of ~90, within what a device call carries.
-  strip .ab-bin/exp/ptllm .ab-bin/base/ptllm .ab-bin/exp/tests/test_cuda_*
   rm -f .ab-bin/exp/tests/*.cmake
+  strip .ab-bin/exp/ptllm .ab-bin/base/ptllm .ab-bin/exp/tests/test_cuda_*
   (cd .ab-bin && tar -cf - exp base | xz -T1 --lzma2=preset=6,dict=128MiB > bin.tar.xz &&
     rm -rf exp base)
   pwd -P > .ab-bin/srcdir
