@@ -20,8 +20,9 @@ set -uo pipefail
 
 if [[ "${1:-}" == "--prepare" ]]; then
   ref=${2:?usage: $0 --prepare REF}
+  changed=$(git diff --name-only "$ref" -- src tests)
   rm -rf ab_base && mkdir ab_base
-  git diff --name-only "$ref" -- src tests | while read -r f; do
+  for f in $changed; do
     mkdir -p "ab_base/$(dirname "$f")"
     if git cat-file -e "$ref:$f" 2> /dev/null; then
       git show "$ref:$f" > "ab_base/$f"
@@ -29,7 +30,7 @@ if [[ "${1:-}" == "--prepare" ]]; then
       echo "$f" >> ab_base/.absent  # new in the working tree: removed from the base
     fi
   done
-  echo "ab_base/ holds $(git rev-parse --short "$ref")'s side of: $(git diff --name-only "$ref" -- src tests | tr '\n' ' ')"
+  echo "ab_base/ holds $(git rev-parse --short "$ref")'s side of:" $changed
   exit 0
 fi
 
@@ -70,7 +71,6 @@ mkdir -p "$OUT"
 REPS=${REPS:-3}
 t0=$(date +%s)
 say() { echo "[$(($(date +%s) - t0))s] $*"; }
-[[ -d ab_base ]] || { echo "no ab_base/: run $0 --prepare REF first" >&2; exit 2; }
 # shellcheck disable=SC2034  # read by gpu_deps.sh
 DEPS=.gpu-deps
 source bench/gpu_deps.sh
@@ -95,6 +95,7 @@ if ((prebuilt)); then
   cp /tmp/ab-bin/base/ptllm /tmp/base/build/
   rm -rf build && ln -s build-ab-exp build
 else
+  [[ -d ab_base ]] || { echo "no ab_base/ (nor .ab-bin/): run $0 --prepare REF first" >&2; exit 2; }
   tar --exclude='./build*' --exclude=./.gpu-deps --exclude=./ab_base --exclude=./.ab-bin -cf - . |
     tar -xf - -C /tmp/base
   (cd ab_base && find . -type f ! -name .absent | while read -r f; do cp "$f" "/tmp/base/$f"; done)
@@ -138,7 +139,7 @@ grep -E "profile (base|exp)|mark +(1[2-9]|2[0-3]) |total" "$OUT/decode.txt" | cu
 say tests
 # The GPU test binaries themselves, side by side (no CTest files when prebuilt).
 for t in build/tests/test_cuda_*; do
-  [[ -x "$t" && "$t" != *.cmake ]] || continue
+  [[ -x "$t" ]] || continue  # not the CTest include files
   (timeout 170 "$t" --gtest_brief=1 > "$OUT/tests-$(basename "$t").log" 2>&1
     echo "$(basename "$t") rc $?") &
 done > "$OUT/tests.log"
