@@ -9,6 +9,9 @@ layout, and runs 11.8's cuobjdump on them: a table of what each kernel's SASS ho
 (instructions, local-memory spill stores STL and loads LDL), or the SASS itself.
 
   scripts/sass_here.py OBJ.o                  # table: kernel, instructions, STL, LDL
+                                              # (OBJ.o: an object file, or a cubin from
+                                              # nvcc -cubin -arch=sm_90, whose SASS is never
+                                              # compressed as large objects' fatbins are)
   scripts/sass_here.py OBJ.o --dump REGEX     # the SASS of the kernels whose name matches
 
 The tools are fetched once into .sass-tools/ (git-ignored; ~85 MB download from Debian's
@@ -71,12 +74,16 @@ def elf_end(e):
 
 def cubins(obj, workdir):
     """The object's embedded cubins, their headers rewritten for CUDA 11.8's tools."""
-    fatbin = os.path.join(workdir, "fatbin")
-    r = subprocess.run(["objcopy", "-O", "binary", "--only-section=.nv_fatbin", obj, fatbin],
-                       capture_output=True, text=True)
-    if r.returncode != 0 or not os.path.getsize(fatbin):
-        fail(f"{obj}: no .nv_fatbin section (not a CUDA object file?)")
-    data = open(fatbin, "rb").read()
+    head = open(obj, "rb").read(20)
+    if head[:4] == b"\x7fELF" and struct.unpack_from("<H", head, 18)[0] == 190:  # EM_CUDA
+        data = open(obj, "rb").read()  # a cubin itself (nvcc -cubin)
+    else:
+        fatbin = os.path.join(workdir, "fatbin")
+        r = subprocess.run(["objcopy", "-O", "binary", "--only-section=.nv_fatbin", obj, fatbin],
+                           capture_output=True, text=True)
+        if r.returncode != 0 or not os.path.getsize(fatbin):
+            fail(f"{obj}: no .nv_fatbin section (not a CUDA object file?)")
+        data = open(fatbin, "rb").read()
     out = []
     for m in re.finditer(b"\x7fELF\x02\x01\x01", data):
         e = bytearray(data[m.start():])
@@ -94,7 +101,8 @@ def cubins(obj, workdir):
         open(path, "wb").write(e)
         out.append((sm, path))
     if not out:
-        fail(f"{obj}: no cubin in .nv_fatbin (compressed? build without -Xfatbin=-compress-all)")
+        fail(f"{obj}: no cubin in .nv_fatbin (compressed: compile the file with nvcc -cubin "
+             "-arch=sm_90 and pass the cubin)")
     return out
 
 
