@@ -390,6 +390,47 @@ TEST_F(CudaOpsTest, AttentionForwardBackward) {
   }
 }
 
+// The decode attention (Tq == 1) over long contexts and large scores: either side of a warp's
+// 32 keys and the block's 256 threads, up to the 4096 keys its scores keep in shared memory
+// (and one past, the general kernel), with the query scaled so that the scores span several
+// units (x12: a standard deviation near 4 at head size 64, so most probabilities are far below
+// the largest, while the f32 scores' rounding, amplified by exp, stays inside the attention
+// tests' tolerance).
+TEST_F(CudaOpsTest, AttentionDecodeLongContexts) {
+  uint64_t seed = 41;
+  struct Case {
+    int B, Tk, C, NH;
+    float qScale;
+  };
+  const Case cases[] = {{1, 1, 128, 2, 12.f},    {1, 2, 64, 2, 12.f},    {2, 31, 128, 2, 1.f},
+                        {1, 32, 128, 2, 12.f},   {1, 33, 64, 1, 12.f},   {1, 255, 128, 2, 8.f},
+                        {1, 256, 128, 2, 12.f},  {2, 257, 64, 2, 12.f},  {1, 511, 128, 2, 1.f},
+                        {1, 1000, 128, 2, 12.f}, {1, 4096, 128, 2, 8.f}, {1, 4096, 64, 1, 12.f},
+                        {1, 4097, 128, 2, 12.f}};
+  for (const Case& c : cases) {
+    const int B = c.B, Tk = c.Tk, C = c.C, NH = c.NH;
+    SCOPED_TRACE(::testing::Message()
+                 << "B=" << B << " Tk=" << Tk << " C=" << C << " NH=" << NH << " q x" << c.qScale);
+    auto qkv = randomVector(size_t(B) * Tk * 3 * C, ++seed);
+    for (int b = 0; b < B; ++b) {
+      float* q = qkv.data() + (size_t(b) * Tk + size_t(Tk - 1)) * 3 * C;  // the query row's q
+      for (int i = 0; i < C; ++i) q[i] *= c.qScale;
+    }
+    std::vector<float> y(size_t(B) * C), att(size_t(B) * NH * Tk);
+    ref->attentionForward(y.data(), att.data(), qkv.data(), B, 1, Tk, C, NH);
+    Tensor dqkv = up(qkv), dy = up(poisoned(y.size()), kGuard),
+           datt = up(poisoned(att.size()), kGuard);
+    cuda->attentionForward(dy.data(), datt.data(), dqkv.data(), B, 1, Tk, C, NH);
+    const auto gy = downGuarded(dy, "decode out"), ga = downGuarded(datt, "decode probs");
+    ASSERT_TRUE(allFinite(gy.data(), gy.size()));
+    ASSERT_TRUE(allFinite(ga.data(), ga.size()));
+    EXPECT_LE(worstRatio(gy.data(), y.data(), y.size(), 2e-5, 2e-5), 1.0)
+        << "max abs diff " << maxAbsDiff(gy.data(), y.data(), y.size());
+    EXPECT_LE(worstRatio(ga.data(), att.data(), att.size(), 2e-6, 2e-5), 1.0)
+        << "max abs diff " << maxAbsDiff(ga.data(), att.data(), att.size());
+  }
+}
+
 // ---- embeddings, loss ----
 
 TEST_F(CudaOpsTest, EmbeddingForwardBackward) {
