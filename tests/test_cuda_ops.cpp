@@ -68,6 +68,24 @@ class CudaOpsTest : public ::testing::Test {
     return h;
   }
 
+  // The last Tq of Tk queries' attention (decode and prefill-after-cache forms) on the GPU,
+  // outputs poisoned and guarded, against the reference's: finite, and within the attention
+  // tolerance (outputs and probabilities). dqkv is qkv on the device.
+  void expectAttentionForward(const std::vector<float>& qkv, const Tensor& dqkv, int B, int Tq,
+                              int Tk, int C, int NH) {
+    std::vector<float> y(size_t(B) * Tq * C), att(size_t(B) * NH * Tq * Tk);
+    ref->attentionForward(y.data(), att.data(), qkv.data(), B, Tq, Tk, C, NH);
+    Tensor dy = up(poisoned(y.size()), kGuard), datt = up(poisoned(att.size()), kGuard);
+    cuda->attentionForward(dy.data(), datt.data(), dqkv.data(), B, Tq, Tk, C, NH);
+    const auto gy = downGuarded(dy, "decode out"), ga = downGuarded(datt, "decode probs");
+    ASSERT_TRUE(allFinite(gy.data(), gy.size()));
+    ASSERT_TRUE(allFinite(ga.data(), ga.size()));
+    EXPECT_LE(worstRatio(gy.data(), y.data(), y.size(), 2e-5, 2e-5), 1.0)
+        << "max abs diff " << maxAbsDiff(gy.data(), y.data(), y.size());
+    EXPECT_LE(worstRatio(ga.data(), att.data(), att.size(), 2e-6, 2e-5), 1.0)
+        << "max abs diff " << maxAbsDiff(ga.data(), att.data(), att.size());
+  }
+
   std::unique_ptr<Ops> ref = makeRefOps();
   std::unique_ptr<Ops> cuda;
 };
@@ -379,13 +397,7 @@ TEST_F(CudaOpsTest, AttentionForwardBackward) {
     for (int Tq : {1, 3, 16, 17}) {
       if (Tq >= T) continue;
       SCOPED_TRACE(::testing::Message() << "Tq=" << Tq);
-      std::vector<float> yq(size_t(B) * Tq * C), aq(size_t(B) * NH * Tq * T);
-      ref->attentionForward(yq.data(), aq.data(), qkv.data(), B, Tq, T, C, NH);
-      Tensor dyq = up(poisoned(yq.size()), kGuard), daq = up(poisoned(aq.size()), kGuard);
-      cuda->attentionForward(dyq.data(), daq.data(), dqkv.data(), B, Tq, T, C, NH);
-      const auto gyq = downGuarded(dyq, "decode out"), gaq = downGuarded(daq, "decode probs");
-      EXPECT_LE(worstRatio(gyq.data(), yq.data(), yq.size(), 2e-5, 2e-5), 1.0);
-      EXPECT_LE(worstRatio(gaq.data(), aq.data(), aq.size(), 2e-6, 2e-5), 1.0);
+      expectAttentionForward(qkv, dqkv, B, Tq, T, C, NH);
     }
   }
 }
@@ -416,18 +428,7 @@ TEST_F(CudaOpsTest, AttentionDecodeLongContexts) {
       float* q = qkv.data() + (size_t(b) * Tk + size_t(Tk - 1)) * 3 * C;  // the query row's q
       for (int i = 0; i < C; ++i) q[i] *= c.qScale;
     }
-    std::vector<float> y(size_t(B) * C), att(size_t(B) * NH * Tk);
-    ref->attentionForward(y.data(), att.data(), qkv.data(), B, 1, Tk, C, NH);
-    Tensor dqkv = up(qkv), dy = up(poisoned(y.size()), kGuard),
-           datt = up(poisoned(att.size()), kGuard);
-    cuda->attentionForward(dy.data(), datt.data(), dqkv.data(), B, 1, Tk, C, NH);
-    const auto gy = downGuarded(dy, "decode out"), ga = downGuarded(datt, "decode probs");
-    ASSERT_TRUE(allFinite(gy.data(), gy.size()));
-    ASSERT_TRUE(allFinite(ga.data(), ga.size()));
-    EXPECT_LE(worstRatio(gy.data(), y.data(), y.size(), 2e-5, 2e-5), 1.0)
-        << "max abs diff " << maxAbsDiff(gy.data(), y.data(), y.size());
-    EXPECT_LE(worstRatio(ga.data(), att.data(), att.size(), 2e-6, 2e-5), 1.0)
-        << "max abs diff " << maxAbsDiff(ga.data(), att.data(), att.size());
+    expectAttentionForward(qkv, up(qkv), B, 1, Tk, C, NH);
   }
 }
 
