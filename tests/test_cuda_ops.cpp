@@ -68,22 +68,27 @@ class CudaOpsTest : public ::testing::Test {
     return h;
   }
 
-  // The last Tq of Tk queries' attention (decode and prefill-after-cache forms) on the GPU,
-  // outputs poisoned and guarded, against the reference's: finite, and within the attention
-  // tolerance (outputs and probabilities). dqkv is qkv on the device.
+  // The last Tq of Tk queries' attention (Tq == Tk: the whole forward; less: the decode and
+  // prefill-after-cache forms) on the GPU, outputs poisoned and guarded, against the
+  // reference's: finite, and within the attention tolerance (outputs and probabilities). dqkv
+  // is qkv on the device. The probabilities go to refAtt and gpuAtt where given (callers check
+  // HasFatalFailure() before using them).
   void expectAttentionForward(const std::vector<float>& qkv, const Tensor& dqkv, int B, int Tq,
-                              int Tk, int C, int NH) {
+                              int Tk, int C, int NH, std::vector<float>* refAtt = nullptr,
+                              std::vector<float>* gpuAtt = nullptr) {
     std::vector<float> y(size_t(B) * Tq * C), att(size_t(B) * NH * Tq * Tk);
     ref->attentionForward(y.data(), att.data(), qkv.data(), B, Tq, Tk, C, NH);
     Tensor dy = up(poisoned(y.size()), kGuard), datt = up(poisoned(att.size()), kGuard);
     cuda->attentionForward(dy.data(), datt.data(), dqkv.data(), B, Tq, Tk, C, NH);
-    const auto gy = downGuarded(dy, "decode out"), ga = downGuarded(datt, "decode probs");
+    const auto gy = downGuarded(dy, "att out"), ga = downGuarded(datt, "att probs");
     ASSERT_TRUE(allFinite(gy.data(), gy.size()));
     ASSERT_TRUE(allFinite(ga.data(), ga.size()));
     EXPECT_LE(worstRatio(gy.data(), y.data(), y.size(), 2e-5, 2e-5), 1.0)
         << "max abs diff " << maxAbsDiff(gy.data(), y.data(), y.size());
     EXPECT_LE(worstRatio(ga.data(), att.data(), att.size(), 2e-6, 2e-5), 1.0)
         << "max abs diff " << maxAbsDiff(ga.data(), att.data(), att.size());
+    if (refAtt) *refAtt = std::move(att);
+    if (gpuAtt) *gpuAtt = ga;
   }
 
   std::unique_ptr<Ops> ref = makeRefOps();
@@ -368,22 +373,16 @@ TEST_F(CudaOpsTest, AttentionForwardBackward) {
     const int B = s.B, T = s.T, C = s.C, NH = s.NH;
     SCOPED_TRACE(::testing::Message() << "B=" << B << " T=" << T << " C=" << C << " NH=" << NH);
     const auto qkv = randomVector(size_t(B) * T * 3 * C, ++seed);
-    std::vector<float> y(size_t(B) * T * C), att(size_t(B) * NH * T * T);
-    ref->attentionForward(y.data(), att.data(), qkv.data(), B, T, T, C, NH);
-    Tensor dqkv = up(qkv), dy = up(poisoned(y.size()), kGuard),
-           datt = up(poisoned(att.size()), kGuard);
-    cuda->attentionForward(dy.data(), datt.data(), dqkv.data(), B, T, T, C, NH);
-    const auto gy = downGuarded(dy, "att out"), ga = downGuarded(datt, "att probs");
-    ASSERT_TRUE(allFinite(gy.data(), gy.size()));
-    ASSERT_TRUE(allFinite(ga.data(), ga.size()));
-    EXPECT_LE(worstRatio(gy.data(), y.data(), y.size(), 2e-5, 2e-5), 1.0);
-    EXPECT_LE(worstRatio(ga.data(), att.data(), att.size(), 2e-6, 2e-5), 1.0);
+    const Tensor dqkv = up(qkv);
+    std::vector<float> att, ga;  // the reference's and the GPU's probabilities
+    expectAttentionForward(qkv, dqkv, B, T, T, C, NH, &att, &ga);
+    if (HasFatalFailure()) return;
     for (int b = 0; b < B * NH; ++b)  // masked entries exactly 0
       for (int i = 0; i < T; ++i)
         for (int j = i + 1; j < T; ++j) ASSERT_EQ(ga[(size_t(b) * T + i) * T + j], 0.0f);
 
     // Backward (=) from the reference's saved probabilities.
-    const auto dout = randomVector(y.size(), ++seed);
+    const auto dout = randomVector(size_t(B) * T * C, ++seed);
     std::vector<float> dq(qkv.size());
     ref->attentionBackward(dq.data(), dout.data(), qkv.data(), att.data(), B, T, C, NH);
     Tensor ddout = up(dout), drefAtt = up(att), ddq = up(poisoned(qkv.size()), kGuard);
