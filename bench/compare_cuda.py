@@ -84,6 +84,11 @@ def main():
                     form += " (default: the fastest form)"
                 if s.get("greedy_graph") == "0":
                     form += " (no greedy run graph)"
+                if s.get("weights") == "checkpoint":
+                    form += " [bundled checkpoint]"
+                if int(s.get("spec_lanes", "0")) > 1:
+                    form += (f" speculative x{s['spec_lanes']} lanes "
+                             f"({float(s.get('spec_tokens_per_step', 0)):.2f} tokens/step)")
             us = f" ({float(s['us_token']):.1f} us/token)" if "us_token" in s else ""
             out.append(f"decode bundled config, path={s.get('path')} device={s.get('device', '?')}{form}: "
                        f"{float(s['tok_s']):.0f} tok/s{us} vs torch generate {float(ts['tok_s']):.0f} "

@@ -325,6 +325,20 @@ std::string bitDifference(const std::vector<float>& a, const std::vector<float>&
   return "";
 }
 
+// n floats holding the int32 bit pattern kIdPoison: a token row no step has written.
+constexpr int32_t kIdPoison = -7;
+std::vector<float> poisonedIds(int n) {
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& f : v) std::memcpy(&f, &kIdPoison, sizeof(f));
+  return v;
+}
+// The int32 token row held in `tokens` (n entries).
+std::vector<int32_t> tokenRow(Ops& gpu, Tensor& tokens, int n) {
+  std::vector<int32_t> row(static_cast<size_t>(n));
+  gpu.downloadIds(row.data(), reinterpret_cast<int32_t*>(tokens.data()), n);
+  return row;
+}
+
 class CudaDecodeStep : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -401,9 +415,7 @@ TEST_F(CudaDecodeStep, FusedGreedyPickEqualsGreedyAdvance) {
     }();
     const int32_t wantToken =
         int32_t(std::max_element(want.logits.begin(), want.logits.end()) - want.logits.begin());
-    constexpr int32_t kPoison = -7;
-    std::vector<float> poison(size_t(s.maxT));  // int32 kPoison bit patterns
-    for (float& f : poison) std::memcpy(&f, &kPoison, sizeof(f));
+    const std::vector<float> poison = poisonedIds(s.maxT);
     Tensor tokens = gpu->alloc({int64_t(s.maxT)});
     for (int form = 0; form <= gpu->decodeStepForms(); ++form)
       for (int blocks : {0, 1, 16}) {
@@ -417,7 +429,7 @@ TEST_F(CudaDecodeStep, FusedGreedyPickEqualsGreedyAdvance) {
         std::vector<int32_t> row(size_t(s.maxT));
         gpu->downloadIds(row.data(), ids, s.maxT);
         for (int p = 0; p < s.maxT; ++p)
-          ASSERT_EQ(row[size_t(p)], p == s.pos ? wantToken : kPoison) << "token row at " << p;
+          ASSERT_EQ(row[size_t(p)], p == s.pos ? wantToken : kIdPoison) << "token row at " << p;
       }
   }
 }
@@ -449,14 +461,8 @@ TEST_F(CudaDecodeStep, FusedGreedyRunEqualsSingleSteps) {
     const StepShape& s = t.s;
     SCOPED_TRACE(shapeName(s) + " steps=" + std::to_string(t.steps));
     const HostStep h = makeStep(s, seed += 100);
-    constexpr int32_t kPoison = -7;
-    std::vector<float> poison(size_t(s.maxT));
-    for (float& f : poison) std::memcpy(&f, &kPoison, sizeof(f));
-    auto tokenRow = [&](Tensor& tokens) {
-      std::vector<int32_t> row(size_t(s.maxT));
-      gpu->downloadIds(row.data(), reinterpret_cast<int32_t*>(tokens.data()), s.maxT);
-      return row;
-    };
+    const std::vector<float> poison = poisonedIds(s.maxT);
+    auto tokenRow = [&](Tensor& tokens) { return ptllm::tokenRow(*gpu, tokens, s.maxT); };
     // The single steps: the op kernels' step and greedyAdvance, t.steps times.
     Tensor wantTokens = gpu->alloc({int64_t(s.maxT)});
     gpu->upload(wantTokens, poison.data());
@@ -495,6 +501,118 @@ TEST_F(CudaDecodeStep, FusedGreedyRunEqualsSingleSteps) {
         const auto& c = got.cache[size_t(l)];
         for (size_t i = size_t(s.pos + t.steps) * 3 * s.C; i < c.size(); ++i)
           ASSERT_EQ(c[i], kGuardValue) << "layer " << l << ": write past the run at " << i;
+      }
+    }
+  }
+}
+
+// A speculative greedy run (DecodeStepArgs::speculativeLanes): the token row, the step buffer,
+// the logits and every layer's cache rows below the new position bit for bit as the same number
+// of single greedy steps (op-by-op form 1) leave them. The history is built so that the drafts
+// follow the true continuation for a stretch (a copy of the greedy picks, one of them altered,
+// after the same four tokens that end the history), so drafts are kept (random weights' greedy
+// text repeats so much that none may be dropped: CudaModel.SpeculativeGreedyRunsEqualGreedyRuns
+// drops them on the bundled model's text); near the context's end the run stops where the
+// lanes no longer fit.
+// Shapes: the bundled one with f16-storage and with f32 linears, a small one, and one that
+// starts 20 positions before the context's end.
+TEST_F(CudaDecodeStep, SpeculativeRunEqualsGreedySteps) {
+  struct SpecShape {
+    StepShape s;
+    int tokens;
+  };
+  const SpecShape table[] = {
+      {{256, 4, 4, 65, 256, 40, "f16"}, 40},
+      {{256, 4, 4, 65, 256, 40, "f32"}, 30},
+      {{64, 2, 2, 7, 64, 30, "f16"}, 20},
+      {{256, 4, 4, 65, 256, 236, "f16"}, 19},
+  };
+  uint64_t seed = 21;
+  for (const SpecShape& t : table) {
+    const StepShape& s = t.s;
+    SCOPED_TRACE(shapeName(s) + " tokens=" + std::to_string(t.tokens));
+    const HostStep h = makeStep(s, seed += 100);
+    const std::vector<float> poison = poisonedIds(s.maxT);
+    auto tokenRow = [&](Tensor& tokens) { return ptllm::tokenRow(*gpu, tokens, s.maxT); };
+    // The greedy continuation, for the history's planted copy.
+    const int runnable = std::min(t.tokens, s.maxT - s.pos);
+    std::vector<int32_t> truth;
+    {
+      Tensor tokens = gpu->alloc({int64_t(s.maxT)});
+      DeviceStep single(*gpu, h);
+      for (int k = 0; k < runnable; ++k)
+        ASSERT_GT(single.runFused(0, 1, reinterpret_cast<int32_t*>(tokens.data())), 0);
+      const std::vector<int32_t> row = tokenRow(tokens);
+      truth.assign(row.begin() + s.pos, row.begin() + s.pos + runnable);
+    }
+    // History: vocabulary-cycling filler; at 2..5 the four tokens that end it (the last is the
+    // step's token at pos), then the continuation with its 8th token altered.
+    std::vector<int32_t> hist(size_t(s.pos));
+    for (int i = 0; i < s.pos; ++i) hist[size_t(i)] = (i * 7 + 3) % s.V;
+    const int32_t tail[3] = {int32_t(1 % s.V), int32_t(4 % s.V), int32_t(2 % s.V)};
+    for (int i = 0; i < 3; ++i) hist[size_t(s.pos - 3 + i)] = tail[i];
+    const int plant = 2;
+    for (int i = 0; i < 3; ++i) hist[size_t(plant + i)] = tail[i];
+    hist[size_t(plant + 3)] = h.token;
+    for (int i = 0; plant + 4 + i < s.pos - 3 && i < int(truth.size()); ++i)
+      hist[size_t(plant + 4 + i)] =
+          i == 7 ? int32_t((truth[size_t(i)] + 1) % s.V) : truth[size_t(i)];
+    auto history = gpu->allocBytes(size_t(s.maxT) * sizeof(int32_t));
+    gpu->uploadIds(static_cast<int32_t*>(history->ptr), hist.data(), s.pos);
+    auto stats = gpu->allocBytes(2 * sizeof(int32_t));
+    for (int lanes : {2, 3, 4, 8}) {
+      SCOPED_TRACE("lanes " + std::to_string(lanes));
+      Tensor tokens = gpu->alloc({int64_t(s.maxT)});
+      gpu->upload(tokens, poison.data());
+      DeviceStep run(*gpu, h);
+      Ops::DecodeStepArgs a = run.args(0, 4);
+      a.greedyTokens = reinterpret_cast<int32_t*>(tokens.data());
+      a.greedySteps = t.tokens;
+      a.speculativeLanes = lanes;
+      a.history = static_cast<const int32_t*>(history->ptr);
+      a.speculativeStats = static_cast<int32_t*>(stats->ptr);
+      int32_t before[2], after[2];
+      gpu->downloadIds(before, a.speculativeStats, 2);
+      if (gpu->decodeStepFused(a) == 0) {
+        EXPECT_GT(lanes, 4) << "refused a speculative run of " << lanes << " lanes";
+        EXPECT_EQ(run.stepIds(), (std::vector<int32_t>{h.token, s.pos})) << "wrote when refused";
+        continue;
+      }
+      gpu->downloadIds(after, a.speculativeStats, 2);
+      const int emitted = run.stepIds()[1] - s.pos, verifySteps = after[0] - before[0];
+      EXPECT_EQ(after[1] - before[1], emitted) << "stats: tokens";
+      const int room = s.maxT - lanes - s.pos;  // the run starts a step only where lanes fit
+      if (room < 0) {
+        EXPECT_EQ(emitted, 0);
+        continue;
+      }
+      ASSERT_GE(emitted, 1);
+      ASSERT_LE(emitted, t.tokens);
+      if (s.pos + t.tokens + lanes <= s.maxT) {
+        EXPECT_EQ(emitted, t.tokens) << "stopped early with room left";
+      }
+      EXPECT_LT(verifySteps, emitted) << "no draft was kept";
+      // The same number of single greedy steps.
+      Tensor wantTokens = gpu->alloc({int64_t(s.maxT)});
+      gpu->upload(wantTokens, poison.data());
+      DeviceStep single(*gpu, h);
+      for (int k = 0; k < emitted; ++k)
+        ASSERT_GT(single.runFused(0, 1, reinterpret_cast<int32_t*>(wantTokens.data())), 0);
+      const StepOut want = single.results(), got = run.results();
+      EXPECT_EQ(tokenRow(tokens), tokenRow(wantTokens)) << "token row";
+      EXPECT_EQ(run.stepIds(), single.stepIds()) << "step buffer";
+      EXPECT_EQ(bitDifference(got.logits, want.logits), "") << "logits";
+      const size_t rows = size_t(s.pos + emitted) * 3 * s.C;
+      for (int l = 0; l < s.L; ++l) {
+        const auto& g = got.cache[size_t(l)];
+        const auto& w = want.cache[size_t(l)];
+        EXPECT_EQ(bitDifference(std::vector<float>(g.begin(), g.begin() + long(rows)),
+                                std::vector<float>(w.begin(), w.begin() + long(rows))),
+                  "")
+            << "cache rows below the new position, layer " << l;
+        // Rejected lanes may have written rows up to pos + emitted + lanes - 2; none after.
+        for (size_t i = size_t(s.pos + emitted + lanes - 1) * 3 * s.C; i < g.size(); ++i)
+          ASSERT_EQ(g[i], kGuardValue) << "layer " << l << ": write past the lanes at " << i;
       }
     }
   }

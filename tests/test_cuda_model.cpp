@@ -200,5 +200,57 @@ TEST_F(CudaModel, DeviceGreedyRunsEqualTheHostLoop) {
   }
 }
 
+// Speculative greedy runs (Gpt2::setSpeculativeLanes) change how many steps run one after
+// another, not one output bit: whole generations (across the slide and sentinel checks) give
+// the same tokens with 2, 4 and 8 lanes as without, and one run from the prompt gives the same
+// picks and last logits — with drafts both kept and dropped on the bundled model's text (fewer
+// verify steps than tokens, more than tokens / lanes), all of it emitted speculatively (the
+// run has room for the lanes).
+TEST_F(CudaModel, SpeculativeGreedyRunsEqualGreedyRuns) {
+  for (const char* paths : {"f32", "auto"}) {
+    SCOPED_TRACE(paths);
+    BundledOn loaded(*gpu, paths);
+    Gpt2& m = *loaded.lm.model;
+    const std::vector<int32_t>& prompt = loaded.prompt;
+    auto generate = [&](int lanes) {
+      m.setSpeculativeLanes(lanes);
+      Generator gen(m);
+      SampleOptions o;
+      o.tokens = 300;
+      o.temperature = 0;
+      o.sentinelEvery = 50;
+      return gen.generate(prompt, o);
+    };
+    const std::vector<int32_t> plain = generate(0);
+    for (int lanes : {2, 4, 8}) EXPECT_EQ(generate(lanes), plain) << lanes << " lanes";
+
+    const int V = m.config().vocabSize, n = 120;
+    auto run = [&](int lanes, std::vector<int32_t>& picks, std::vector<float>& last) {
+      m.setSpeculativeLanes(lanes);
+      std::vector<float> logits(static_cast<size_t>(V));
+      m.resetCache();
+      m.forwardCached(prompt.data(), int(prompt.size()), logits.data());
+      const int32_t first =
+          int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
+      std::vector<int32_t> cached = prompt;
+      last.assign(size_t(V), 0.f);
+      ASSERT_TRUE(m.decodeGreedy(
+          first, n, [&](int32_t t) { picks.push_back(t); }, last.data(), cached.data()));
+      EXPECT_EQ(m.cachedTokens(), int(prompt.size()) + n);
+    };
+    std::vector<int32_t> want, got;
+    std::vector<float> wantLast, gotLast;
+    run(0, want, wantLast);
+    EXPECT_EQ(m.lastSpeculativeSteps(), 0);
+    run(4, got, gotLast);
+    EXPECT_EQ(got, want);
+    EXPECT_EQ(std::memcmp(gotLast.data(), wantLast.data(), wantLast.size() * sizeof(float)), 0);
+    EXPECT_EQ(m.lastSpeculativeTokens(), n);
+    EXPECT_LT(m.lastSpeculativeSteps(), n) << "no draft was kept";
+    EXPECT_GT(m.lastSpeculativeSteps() * 4, n) << "no draft was dropped";
+    m.setSpeculativeLanes(0);
+  }
+}
+
 }  // namespace
 }  // namespace ptllm

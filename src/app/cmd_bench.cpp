@@ -14,6 +14,7 @@
 #include "core/thread_pool.h"
 #include "gate/paths.h"
 #include "kernels/cpu/cpu_kernels.h"
+#include "model/checkpoint.h"
 #include "model/gpt2.h"
 #include "model/sampler.h"
 
@@ -35,6 +36,8 @@ struct ModelArgs {
   bool fusedStep = true;
   bool greedyRunGraph = true;
   bool persistentRun = true;
+  int speculative = 0;  // sample: speculative greedy lanes (Gpt2::setSpeculativeLanes)
+  std::string model;    // sample: a checkpoint instead of random weights of cfg's shape
   ModelArgs() {
     cfg.nLayer = 4;
     cfg.nHead = 4;
@@ -92,9 +95,19 @@ void benchTrain(const ModelArgs& a, const GlobalOptions& g) {
 
 void benchSample(const ModelArgs& a, const GlobalOptions& g) {
   Engine e = makeEngine(g);
-  Gpt2 m(*e.ops, a.cfg);
-  m.initRandom(0);
+  // Random weights of the asked shape (what the PyTorch peer times), or a checkpoint (whose
+  // greedy text decides how many drafts a speculative run keeps).
+  LoadedModel lm;
+  if (!a.model.empty()) {
+    lm = loadCheckpoint(*e.ops, a.model);
+  } else {
+    lm.model = std::make_unique<Gpt2>(*e.ops, a.cfg);
+    lm.model->initRandom(0);
+  }
+  Gpt2& m = *lm.model;
+  const ModelConfig& cfg = m.config();
   m.setPaths(e.paths.get());
+  m.setSpeculativeLanes(a.speculative);
   const Gpt2::FusedSteps form = !a.fusedStep                              ? Gpt2::FusedSteps::Off
                                 : a.decodeCluster > 0 || a.decodeForm > 0 ? Gpt2::FusedSteps::On
                                                                           : Gpt2::FusedSteps::Auto;
@@ -110,11 +123,18 @@ void benchSample(const ModelArgs& a, const GlobalOptions& g) {
   gen.generate(prompt, o);  // warm-up, as the peer does
   o.tokens = a.tokens;
   std::vector<double> secs;
+  std::vector<int32_t> text;
+  int specTokens = 0, specSteps = 0;
   for (int r = 0; r < std::max(1, a.repeats); ++r) {
     const auto t0 = Clock::now();
-    gen.generate(prompt, o);
+    text = gen.generate(prompt, o);
     secs.push_back(since(t0));
+    specTokens += m.lastSpeculativeTokens();
+    specSteps += m.lastSpeculativeSteps();
   }
+  // The text itself, so runs with and without speculation can be compared (FNV-1a).
+  uint32_t textHash = 2166136261u;
+  for (int32_t t : text) textHash = (textHash ^ uint32_t(t)) * 16777619u;
   std::sort(secs.begin(), secs.end());
   const double med = secs[secs.size() / 2];
   // The recorded step alone (replays back to back at the last position): us_token minus this
@@ -124,15 +144,17 @@ void benchSample(const ModelArgs& a, const GlobalOptions& g) {
       "peer=ptllm mode=sample device=%s n_layer=%d n_head=%d n_embd=%d block=%d threads=%d "
       "path=%s step_graph=%d step_form=%s fused_blocks=%d fused_form=%d greedy_graph=%d "
       "persistent_run=%d params=%lld tokens=%d repeats=%zu secs=%.4f secs_min=%.4f us_token=%.1f "
-      "tok_s=%.2f step_us=%.1f\n",
-      e.ops->name(), a.cfg.nLayer, a.cfg.nHead, a.cfg.nEmbd, a.cfg.blockSize, threadCount(),
+      "tok_s=%.2f step_us=%.1f weights=%s spec_lanes=%d spec_tokens=%d spec_steps=%d "
+      "spec_tokens_per_step=%.2f text_hash=%08x\n",
+      e.ops->name(), cfg.nLayer, cfg.nHead, cfg.nEmbd, cfg.blockSize, threadCount(),
       pathName(m).c_str(), int(m.usedStepGraph()),
       form == Gpt2::FusedSteps::Auto ? "auto"
       : form == Gpt2::FusedSteps::On ? "fused"
                                      : "ops",
       m.usedFusedStep(), m.usedFusedForm(), int(a.greedyRunGraph), int(m.usedPersistentGreedyRun()),
       (long long)m.numParams(), a.tokens, secs.size(), med, secs.front(), med / a.tokens * 1e6,
-      a.tokens / med, stepUs);
+      a.tokens / med, stepUs, a.model.empty() ? "random" : "checkpoint", a.speculative, specTokens,
+      specSteps, specSteps > 0 ? double(specTokens) / specSteps : 0.0, textHash);
 }
 
 // Median seconds of fn over `iters` calls after 3 warm-ups.
@@ -306,6 +328,15 @@ void addBenchCommand(CLI::App& app, GlobalOptions& g) {
   sample->add_flag("!--no-persistent-run", a->persistentRun,
                    "a greedy run graph replays one fused launch per step (default: one launch "
                    "runs the whole run's steps where the fused form can)");
+  sample
+      ->add_option("--speculative", a->speculative,
+                   "greedy runs check drafted tokens with this many decode steps side by side "
+                   "(2-8; 0: off); the text is the same")
+      ->capture_default_str()
+      ->check(CLI::IsMember({0, 2, 3, 4, 5, 6, 7, 8}));
+  sample->add_option("--model", a->model,
+                     "time this checkpoint's greedy text (default: random weights of the "
+                     "--n-* shape)");
   sample
       ->add_option("--decode-cluster", a->decodeCluster,
                    "always the fused decode launch, of this many blocks (0: the faster form, "

@@ -17,6 +17,7 @@ void addSampleCommand(CLI::App& app, GlobalOptions& g) {
   struct Args {
     std::string model, prompt = "\n";
     SampleOptions s;
+    int speculative = Gpt2::kDefaultSpeculativeLanes;
   };
   auto a = std::make_shared<Args>();
   cmd->add_option("--model", a->model, "checkpoint (default: the bundled Shakespeare model)");
@@ -26,6 +27,12 @@ void addSampleCommand(CLI::App& app, GlobalOptions& g) {
   cmd->add_option("--top-k", a->s.topK, "keep the k most likely (0: off)")->capture_default_str();
   cmd->add_option("--top-p", a->s.topP, "nucleus sampling mass (1: off)")->capture_default_str();
   cmd->add_option("--seed", a->s.seed, "sampling seed")->capture_default_str();
+  cmd->add_option("--speculative", a->speculative,
+                  "greedy on a GPU: check drafted tokens with this many decode steps side by "
+                  "side (2-8; 0: off; where the GPU cannot hold them, off); the text is the "
+                  "same, bit for bit")
+      ->capture_default_str()
+      ->check(CLI::IsMember({0, 2, 3, 4, 5, 6, 7, 8}));
   auto noSentinel = std::make_shared<bool>(false);
   cmd->add_flag("--no-sentinel", *noSentinel, "no f32 drift checks every 256 tokens");
   cmd->callback([a, noSentinel, &g] {
@@ -41,6 +48,7 @@ void addSampleCommand(CLI::App& app, GlobalOptions& g) {
     if (prompt.empty()) fail("--prompt is empty");
     Gpt2& model = *lm.model;
     model.setPaths(engine.paths.get());
+    model.setSpeculativeLanes(a->speculative);
     ModelGate modelGate(model, &*lm.tokenizer);  // end-to-end + loss gates, in the background
     model.prepareForInference();  // waits for the matmul gate, packs weights for the active path
     modelGate.apply();            // waits for the model gates; demotes the path if they failed

@@ -129,6 +129,8 @@ class Ops {
   }
   // host[0, n) = src[0, n) (device ids), after the work queued before it.
   virtual void downloadIds(int32_t* /*host*/, const int32_t* /*src*/, int /*n*/) { noStepGraphs(); }
+  // dst[0, n) = host[0, n) (device ids), queued; host may be reused once it returns.
+  virtual void uploadIds(int32_t* /*dst*/, const int32_t* /*host*/, int /*n*/) { noStepGraphs(); }
   // Writes the new position's fused row qkvNew[3C] into cache row step[1], then attends its
   // query over cache rows [0, step[1]]: out[C], att[NH][maxT] (probabilities of the row; the
   // entries past step[1] are not written).
@@ -171,6 +173,18 @@ class Ops {
     // with no host or launch boundary between them; the picks, logits and cache as that many
     // single greedy steps leave them. A backend that cannot returns 0 and enqueues nothing.
     int greedySteps = 1;
+    // With greedySteps = n >= 2: speculativeLanes > 1 makes the run speculative (CUDA form 4):
+    // that many copies of the step side by side, copy c on a drafted token c positions ahead
+    // (drafts: the continuation of the latest earlier occurrence of the context's last tokens),
+    // keeping the picks whose drafts were the greedy picks. The picks, step buffer, cache rows
+    // below the new position and logits are bit for bit those of the same number of greedy
+    // steps (x, y, h and att are not kept). It may stop early (it needs speculativeLanes free
+    // positions): step[1] says how far it went (possibly nowhere). history: [maxT] in device
+    // memory, the tokens at positions 0 .. step[1] - 1. speculativeStats (optional, [2] in
+    // device memory): += {verify steps, tokens emitted}.
+    int speculativeLanes = 0;
+    const int32_t* history = nullptr;
+    int32_t* speculativeStats = nullptr;
   };
   virtual int decodeStepForms() const { return 0; }
   // Enqueues the whole one-token step of a GPT-2 — embeddingStep; per layer LayerNorm, the qkv

@@ -552,7 +552,7 @@ bool Gpt2::canDecodeGreedy() const {
 }
 
 bool Gpt2::decodeGreedy(int32_t first, int n, const std::function<void(int32_t)>& onToken,
-                        float* logitsOut) {
+                        float* logitsOut, const int32_t* cachedIds) {
   if (n < 1 || cachePos_ + n > cfg_.blockSize)
     fail("cannot decode {} tokens after {} cached: the context holds {}", n, cachePos_,
          cfg_.blockSize);
@@ -561,6 +561,7 @@ bool Gpt2::decodeGreedy(int32_t first, int n, const std::function<void(int32_t)>
   ensureCache();
   usedStepGraph_ = usedPersistentRun_ = false;
   usedFusedStep_ = usedFusedForm_ = 0;
+  lastSpecTokens_ = lastSpecSteps_ = 0;
   const PathEntry* path = fastPath(false);
   StepRecording* rec = stepRecording(path, first);
   if (!rec) return false;
@@ -577,6 +578,8 @@ bool Gpt2::decodeGreedy(int32_t first, int n, const std::function<void(int32_t)>
   constexpr int kChunk = kGreedyRunSteps;
   std::vector<int32_t> picked(static_cast<size_t>(n));
   int queued = 0, read = 0;
+  if (cachedIds && speculativeLanes_ > 1 && n >= 2 && fusedSteps_ != FusedSteps::Off)
+    queued = runSpeculative(path, cachedIds, ids, n);
   auto readTo = [&](int end) {
     ops_.downloadIds(picked.data() + read, ids + p0 + read, end - read);
     for (; read < end; ++read)
@@ -711,6 +714,38 @@ int Gpt2::queueGreedyRun(const PathEntry* path, int form, int32_t* greedyIds, in
   args.greedyTokens = greedyIds;
   args.greedySteps = steps;
   return ops_.decodeStepFused(args);
+}
+
+// A speculative greedy run of up to n tokens from the step buffer's position (fused form 4,
+// speculativeLanes_ lanes; Ops::DecodeStepArgs::speculativeLanes), waited for: the tokens it
+// emitted (0: it did not run), their picks in greedyIds as a greedy run leaves them.
+int Gpt2::runSpeculative(const PathEntry* path, const int32_t* cachedIds, int32_t* greedyIds,
+                         int n) {
+  const int p0 = cachePos_;
+  if (!specHistory_) {
+    specHistory_ = ops_.allocBytes(size_t(cfg_.blockSize) * sizeof(int32_t));
+    specStats_ = ops_.allocBytes(2 * sizeof(int32_t));
+  }
+  auto* stats = static_cast<int32_t*>(specStats_->ptr);
+  int32_t before[2], after[2], step[2];
+  ops_.downloadIds(before, stats, 2);
+  checkTokens(cachedIds, p0);
+  ops_.uploadIds(static_cast<int32_t*>(specHistory_->ptr), cachedIds, p0);
+  Ops::DecodeStepArgs args = fusedStepArgs(path, 4);
+  args.greedyTokens = greedyIds;
+  args.greedySteps = n;
+  args.speculativeLanes = speculativeLanes_;
+  args.history = static_cast<const int32_t*>(specHistory_->ptr);
+  args.speculativeStats = stats;
+  if (ops_.decodeStepFused(args) == 0) return 0;
+  ops_.downloadIds(step, static_cast<const int32_t*>(stepIds_->ptr), 2);  // waits for the run
+  ops_.downloadIds(after, stats, 2);
+  lastSpecSteps_ = after[0] - before[0];
+  lastSpecTokens_ = after[1] - before[1];
+  if (step[1] - p0 != lastSpecTokens_ || lastSpecTokens_ < 0 || lastSpecTokens_ > n)
+    fail("speculative run: moved {} positions but counted {} tokens", step[1] - p0,
+         lastSpecTokens_);
+  return lastSpecTokens_;
 }
 
 // rec.greedyRun: kGreedyRunSteps times rec's step (the same launch: fused in rec's form, or the

@@ -157,9 +157,23 @@ class Gpt2 {
   // and logits are the same). Where the backend's fused step can run a whole run in one launch
   // (Ops::DecodeStepArgs::greedySteps), the recorded run is that one launch;
   // setPersistentGreedyRuns(false) records the kGreedyRunSteps launches instead.
+  // Speculative greedy runs (setSpeculativeLanes(k), k > 1; where the backend's fused step
+  // has them, Ops::DecodeStepArgs::speculativeLanes): given the cache's tokens (cachedIds[0,
+  // cachedTokens())), decodeGreedy drafts tokens from them and checks k - 1 drafts per step
+  // with k steps side by side, keeping the accepted ones — the picks and logits are the same
+  // bits as without; what changes is how many steps run one after another. Where it cannot
+  // (no room for the lanes, the backend refuses), the run goes on as without.
   bool canDecodeGreedy() const;
   bool decodeGreedy(int32_t first, int n, const std::function<void(int32_t)>& onToken,
-                    float* logitsOut);
+                    float* logitsOut, const int32_t* cachedIds = nullptr);
+  // On by default (4 lanes: run 51, docs/performance.md); 0 or 1: off.
+  static constexpr int kDefaultSpeculativeLanes = 4;
+  void setSpeculativeLanes(int lanes) { speculativeLanes_ = lanes; }
+  int speculativeLanes() const { return speculativeLanes_; }
+  // The tokens the last decodeGreedy emitted speculatively, and the verify steps they took
+  // (0, 0: it ran without).
+  int lastSpeculativeTokens() const { return lastSpecTokens_; }
+  int lastSpeculativeSteps() const { return lastSpecSteps_; }
   static constexpr int kGreedyRunSteps = 32;
   void setGreedyRunGraphs(bool on) { greedyRunGraphs_ = on; }
   void setPersistentGreedyRuns(bool on) {
@@ -195,6 +209,7 @@ class Gpt2 {
   StepRecording recordDecodeStep(const PathEntry* path, bool fused, int form);
   int queueStep(const PathEntry* path, bool fused, int form, int32_t* greedyIds = nullptr);
   int queueGreedyRun(const PathEntry* path, int form, int32_t* greedyIds, int steps);
+  int runSpeculative(const PathEntry* path, const int32_t* cachedIds, int32_t* greedyIds, int n);
   void recordGreedyRun(StepRecording& rec, const PathEntry* path, int32_t* ids);
   double stepMicros(StepRecording& rec, int32_t token);
   void recordOpSteps(const PathEntry* path);
@@ -235,6 +250,8 @@ class Gpt2 {
   bool stepGraphsOn_ = true, stepGraphsBroken_ = false, usedStepGraph_ = false;
   bool greedyRunGraphs_ = true, greedyRunsBroken_ = false;
   bool persistentGreedyRuns_ = true, usedPersistentRun_ = false;
+  int speculativeLanes_ = kDefaultSpeculativeLanes, lastSpecTokens_ = 0, lastSpecSteps_ = 0;
+  std::shared_ptr<Buffer> specHistory_, specStats_;  // [blockSize] tokens; [2] counters
   FusedSteps fusedSteps_ = FusedSteps::Auto;
   // Auto's timed choice per path: 0 the op kernels, f > 0 fused form f.
   std::map<const PathEntry*, int> stepForm_;

@@ -152,7 +152,7 @@ std::vector<int32_t> Generator::generate(const std::vector<int32_t>& prompt,
             out.push_back(t);
             if (onToken) onToken(t);
           },
-          logits_.data());
+          logits_.data(), context_.data());
       if (done) {
         i += run - 1;
         continue;

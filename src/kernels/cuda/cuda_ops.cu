@@ -202,6 +202,12 @@ class CudaOps final : public Ops {
   void downloadIds(int32_t* host, const int32_t* src, int n) override {
     if (n > 0) downloadBytes(host, src, size_t(n) * sizeof(int32_t));
   }
+  void uploadIds(int32_t* dst, const int32_t* host, int n) override {
+    // From pageable memory: returns once the host data is staged.
+    if (n > 0)
+      PTLLM_CUDA_CHECK(cudaMemcpyAsync(dst, host, size_t(n) * sizeof(int32_t),
+                                       cudaMemcpyHostToDevice, cuda::stream()));
+  }
   void embeddingStep(float* out, const int32_t* step, const float* wte, const float* wpe,
                      int C) override {
     cuda::launchEmbeddingStep(out, step, wte, wpe, C);

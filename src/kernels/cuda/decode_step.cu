@@ -94,6 +94,16 @@ struct StepParams {
   // DecodeStepArgs::greedyTokens: the pick's token row and the step (writable), or null.
   int32_t *tokens, *advance;
   unsigned long long* prof;  // PTLLM_DECODE_PROFILE: clock64 deltas per point and block, or null
+  // A speculative greedy run (decodeStepKernel2<kAsyncHandoff, true>; DecodeStepArgs::
+  // speculativeLanes): `lanes` clusters side by side (blockIdx.y), lane c running the step of
+  // the token at base position + c; its scratch x, y, h, att and logits at the pointers above
+  // + c * laneFloats. spec: the run's state and synchronisation (SpecLayout), hist: the token
+  // at every position (those below the start given, the run appends), specLogits: where the
+  // last emitted pick's logits go.
+  int lanes, laneFloats;
+  int32_t *spec, *hist;
+  float* specLogits;
+  int32_t* specStats;  // or null: += {verify steps, tokens emitted} at the run's end
   StepLayer layers[kMaxLayers];
 };
 static_assert(sizeof(StepParams) <= 4096, "kernel parameters");
@@ -461,7 +471,8 @@ __device__ __forceinline__ void stageResident(const StepParams& p, float* base, 
 // stored there and into sm.q by the qkv phase. The output goes to emit(copy, d, o).
 template <class Emit>
 __device__ __forceinline__ void attendStaged(const StepParams& p, float* base, decode::Smem& sm,
-                                             Emit&& emit, const float* cache, int h, int pos) {
+                                             Emit&& emit, const float* cache, float* att, int h,
+                                             int pos) {
   const int C = p.C, hs = C / p.NH, rs = p.stageRs;
   const int64_t stride = 3 * (int64_t)C;
   const float* head = cache + h * hs;
@@ -476,7 +487,7 @@ __device__ __forceinline__ void attendStaged(const StepParams& p, float* base, d
   }
   // queryFixedHs's first barrier publishes row pos and every thread's copies.
   const decode::SharedKv kv{ks, vs, rs};
-  float* attRow = p.att + (int64_t)h * p.maxT;
+  float* attRow = att + (int64_t)h * p.maxT;
   const float* qRow = p.qkvShared ? nullptr : head + pos * stride;
   if (hs == 64)
     decode::queryFixedHsTo<64>(sm, emit, attRow, qRow, kv, pos + 1, hs);
@@ -888,7 +899,110 @@ __device__ __forceinline__ uint32_t handoffBytes(const StepParams& p, int k, int
   return tokens + floats * uint32_t(sizeof(float));
 }
 
-template <int kSync>
+// ---- speculative greedy runs (StepParams::lanes > 1) ----
+// Greedy text from a small model repeats itself, so the continuation of the latest earlier
+// occurrence of the context's last tokens (prompt lookup) is often what the model picks next.
+// A speculative run checks such drafts without changing one output bit. `lanes` clusters run
+// side by side (blockIdx.y), each the ordinary greedy step of form 4 — the same code, so the
+// same bits — lane c on draft token c - 1 at position pos + c (lane 0: the last pick, at pos):
+//   - lane c's attention needs the cache rows pos .. pos + c - 1 of its layer, which lanes
+//     0 .. c - 1 write in the same phase: every block publishes a flag per layer once its share
+//     of the qkv row is in global memory (after its block barrier: fence, then a gpu-scope
+//     release), and lane c's attention blocks wait for those lanes' flags and read the rows
+//     through L2 into their stage. No lane waits for a higher one, so the lanes run skewed by
+//     the flags' latency, not one step after another;
+//   - after the head, block 0 of every lane publishes its pick, and every block of every lane
+//     reads all of them and keeps the same prefix: pick c follows draft c - 1, so it is the
+//     greedy pick only if drafts 0 .. c - 1 were; the run emits picks 0 .. a, a the first lane
+//     whose draft differs from the pick before it (at least pick 0: one token per step, as a
+//     greedy run);
+//   - each block keeps the token history in shared memory (the positions below the start from
+//     StepParams::hist, then every emitted pick), drafts from it itself (every block the same
+//     drafts) and, where it holds a (layer, head) pair's rows (resident), copies the accepted
+//     rows it does not have yet from L2 before the next step.
+// Flags hold serials (the launch's base StepParams::spec[kSpecEpoch] + step + 1, rising across
+// launches), so they are never reset; the picks are double-buffered by step parity (a lane
+// rewrites its slot two steps later, after every block has read it: each lane's next pick
+// needs every block of the lane past the step that read it). Every cluster must be resident at
+// once (the launch checks the device fits them; a wait that outlasts kSpecTimeoutNs traps).
+constexpr int kMaxLanes = 8;
+constexpr int kDraftNgram = 4;  // the longest suffix drafts are matched on
+constexpr int kSpecEpoch = 0, kSpecPicks = 1, kSpecPickFlags = kSpecPicks + 2 * kMaxLanes,
+              kSpecQkvFlags = kSpecPickFlags + kMaxLanes,
+              kSpecWords = kSpecQkvFlags + kMaxLanes * kMaxLayers * kMaxCluster;
+constexpr unsigned long long kSpecTimeoutNs = 2000000000ull;
+
+__device__ __forceinline__ int32_t* qkvFlag(const StepParams& p, int lane, int layer, int block) {
+  return p.spec + kSpecQkvFlags + (lane * kMaxLayers + layer) * kMaxCluster + block;
+}
+
+// Everything this block wrote before its last block barrier, then flag = v (gpu scope).
+__device__ __forceinline__ void publishFlag(int32_t* flag, int32_t v) {
+  __threadfence();
+  asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(flag), "r"(v) : "memory");
+}
+
+// Until *flag has reached serial v (acquire, gpu scope).
+__device__ __forceinline__ void awaitFlag(const int32_t* flag, int32_t v) {
+  unsigned long long start = 0;
+  for (unsigned i = 0;; ++i) {
+    int32_t x;
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(x) : "l"(flag) : "memory");
+    if (int32_t(uint32_t(x) - uint32_t(v)) >= 0) return;
+    if ((i & 1023u) == 1023u) {
+      unsigned long long now;
+      asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(now));
+      if (start == 0)
+        start = now;
+      else if (now - start > kSpecTimeoutNs)
+        __trap();  // a lane never came: the clusters were not all resident
+    }
+  }
+}
+
+// Rows pos0 + first .. pos0 + first + count - 1 of head h of layer l (written by lanes
+// first .. first + count - 1 in the step of serial v) into this block's stage, read through
+// L2 once their writers' flags are up. Every thread of the block calls it.
+__device__ void specRows(const StepParams& p, float* base, int l, int h, int pos0, int first,
+                         int count, int32_t v) {
+  const int G = int(gridDim.x);
+  for (int i = threadIdx.x; i < count * G; i += kThreads)
+    awaitFlag(qkvFlag(p, first + i / G, l, i % G), v);
+  __syncthreads();
+  const int C = p.C, hs = C / p.NH, rs = p.stageRs;
+  const int64_t stride = 3 * (int64_t)C;
+  const float* cache = p.layers[l].cache;
+  float* ks = base + p.stageOff;
+  float* vs = ks + p.maxT * rs;
+  for (int i = threadIdx.x; i < count * 2 * hs; i += kThreads) {
+    const int row = pos0 + first + i / (2 * hs), part = i / hs % 2, d = i % hs;
+    (part ? vs : ks)[row * rs + d] = __ldcg(cache + row * stride + (1 + part) * C + h * hs + d);
+  }
+}
+
+// Drafts for positions pos0 + 1 .. pos0 + lanes - 1 (drafts[0 .. lanes - 2]) by warp 0: the
+// tokens after the latest earlier occurrence of the history's last n tokens (n = kDraftNgram
+// down to 1; hist[0 .. pos0] known), continuing into the drafts themselves where that runs
+// past pos0 (a repeating stretch repeats on); with no occurrence, the last token repeated.
+__device__ void specDraft(const int* hist, int pos0, int lanes, int* drafts) {
+  const int lane = int(threadIdx.x & 31);
+  int j = -1;  // where the matched occurrence ends
+  for (int n = kDraftNgram; n >= 1 && j < 0; --n)
+    for (int e0 = pos0 - 1; e0 >= n - 1 && j < 0; e0 -= 32) {
+      const int e = e0 - lane;
+      bool match = e >= n - 1;
+      for (int i = 0; i < n && match; ++i) match = hist[e - i] == hist[pos0 - i];
+      const unsigned hits = __ballot_sync(kFullMask, match);
+      if (hits) j = e0 - (__ffs(int(hits)) - 1);  // the lowest lane: the latest end
+    }
+  if (lane == 0)
+    for (int i = 0; i + 1 < lanes; ++i) {
+      const int q = j >= 0 ? j + 1 + i : pos0;
+      drafts[i] = q <= pos0 ? hist[q] : drafts[q - pos0 - 1];
+    }
+}
+
+template <int kSync, bool kSpec = false>
 __global__ void __launch_bounds__(kThreads, 1)
     decodeStepKernel2(const __grid_constant__ StepParams p) {
   extern __shared__ float4 dynSmem[];
@@ -896,6 +1010,16 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int C = p.C, hs = C / p.NH;
   int tok = p.step[0], pos = p.step[1];
   const int64_t stride = 3 * (int64_t)C;
+  // A speculative run: this block's lane (blockIdx.y) and its scratch rows; the run's base
+  // position pos0 (lane 0's) and its last emitted token tok0.
+  const int sl = kSpec ? int(blockIdx.y) : 0;
+  const int64_t laneOff = kSpec ? int64_t(sl) * p.laneFloats : 0;
+  float *const gx = p.x + laneOff, *const gy = p.y + laneOff, *const gh = p.h + laneOff;
+  float *const gatt = p.att + laneOff, *const glogits = p.logits + laneOff;
+  int pos0 = pos, tok0 = tok, emitted = 0;
+  if constexpr (kSpec) {
+    if (pos0 + p.lanes > p.maxT) return;  // no room for the lanes: nothing runs or is written
+  }
   Rows r;
   r.xs = base;
   r.lnY = base + rowFloats(C);
@@ -946,20 +1070,39 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   }
   asm volatile("barrier.cluster.arrive.aligned;\n" ::: "memory");
-  stageResident(p, base, pos);
+  stageResident(p, base, pos0);
+
+  // A speculative run's state in shared memory after the logits: the token history, the
+  // current drafts and the lanes' picks. Every block drafts lane tokens itself (the same).
+  int* const hist = reinterpret_cast<int*>(base + p.logitsOff + (p.V + 3) / 4 * 4);
+  int* const drafts = hist + p.maxT + 1;
+  int* const picks = drafts + kMaxLanes;
+  int32_t epoch = 0;
+  if constexpr (kSpec) {
+    epoch = __ldcg(p.spec + kSpecEpoch);
+    for (int i = threadIdx.x; i < pos0; i += kThreads) hist[i] = __ldg(p.hist + i);
+    if (threadIdx.x == 0) hist[pos0] = tok0;
+    __syncthreads();
+    if (threadIdx.x < 32) specDraft(hist, pos0, p.lanes, drafts);
+    __syncthreads();
+    if (sl > 0) tok = drafts[sl - 1];
+    pos = pos0 + sl;
+  }
 
   // A multi-step launch reads the next step's wpe[pos] element before it waits for the logits
   // (where C <= kThreads: one per thread, one register).
   float wpeNext = 0.f;
 #pragma unroll 1
-  for (int s = 0; s < steps && pos < p.maxT; ++s, ++pos) {
+  for (int s = 0; s < steps && pos < p.maxT; ++s) {
+    const int32_t serial = epoch + s + 1;  // a speculative run's flags for this step
     if (p.nLayer > 0) stageHead(p, base, p.layers[0].cache, pos);
     // x = wte[tok] + wpe[pos] in every block (block 0 also stores the global x).
     for (int c = threadIdx.x; c < C; c += kThreads) {
-      const float wp = s > 0 && C <= kThreads ? wpeNext : __ldg(p.wpe + (int64_t)pos * C + c);
+      const float wp =
+          !kSpec && s > 0 && C <= kThreads ? wpeNext : __ldg(p.wpe + (int64_t)pos * C + c);
       const float v = __ldg(p.wte + (int64_t)tok * C + c) + wp;
       r.xs[c] = v;
-      if (blockIdx.x == 0) p.x[c] = v;
+      if (blockIdx.x == 0) gx[c] = v;
     }
     __syncthreads();
     // Each linear's weights, biases and the LayerNorm parameters before it are read ahead of
@@ -1000,6 +1143,14 @@ __global__ void __launch_bounds__(kThreads, 1)
       stamp(p, t, 1);
       if constexpr (kSync == kAsyncHandoff) {
         arrive(kQkvHandoff);
+        if constexpr (kSpec) {
+          // This block's share of the row is out; a head block of the layer then takes the
+          // lower lanes' rows while its own cluster's hand-off completes (other rows of the
+          // stage than the qkv phase's stores).
+          if (threadIdx.x == 0) publishFlag(qkvFlag(p, sl, l, int(blockIdx.x)), serial);
+          const int h = int(blockIdx.x) - rank0;
+          if (sl > 0 && h >= 0 && h < p.NH) specRows(p, base, l, h, pos0, 0, sl, serial);
+        }
         wait(kQkvHandoff, g);
       } else {
         cl.sync();
@@ -1019,9 +1170,9 @@ __global__ void __launch_bounds__(kThreads, 1)
               [&](int copy, int d, float o) {
                 for (int b = copy; b < int(gridDim.x); b += copies)
                   putShared(cl, y + d, unsigned(b), o, bar(kAttHandoff));
-                if (copy == 0) p.y[h * hs + d] = o;
+                if (copy == 0) gy[h * hs + d] = o;
               },
-              L.cache, h, pos);
+              L.cache, gatt, h, pos);
         } else {
           decode::query(att, y, p.att + (int64_t)h * p.maxT, L.cache + h * hs, stride, pos + 1, C,
                         hs);
@@ -1036,7 +1187,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       arrive(kAttHandoff);
       // The next layer's rows, while the proj phase runs (this layer's stage reads are done).
       if (l + 1 < p.nLayer) stageHead(p, base, p.layers[l + 1].cache, pos);
-      Dest proj{Epi::Residual, p.x, r.xs};
+      Dest proj{Epi::Residual, gx, r.xs};
       proj.bar = bar(kProjHandoff);
       linear2(cl, r, r.lnY, L.proj, C, C, proj, [&] {
         wait(kAttHandoff, g);
@@ -1046,7 +1197,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       {
         arrive(kProjHandoff);
         const LnParams ln = loadLn(L.ln2w, L.ln2b, C);
-        Dest fc{Epi::Gelu, p.h, r.hb};
+        Dest fc{Epi::Gelu, gh, r.hb};
         fc.bar = bar(kFcHandoff);
         linear2(cl, r, r.lnY, L.fc, C, 4 * C, fc, [&] {
           wait(kProjHandoff, g);
@@ -1057,7 +1208,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       stamp(p, t, 8);
       arrive(kFcHandoff);
-      Dest fcProj{Epi::Residual, p.x, r.xs};
+      Dest fcProj{Epi::Residual, gx, r.xs};
       fcProj.bar = bar(kFcProjHandoff);
       linear2(cl, r, r.hb, L.fcProj, 4 * C, C, fcProj, [&] {
         wait(kFcHandoff, g);
@@ -1099,7 +1250,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int k = lane; k < C; k += 32) acc = fmaf(r.lnY[k], __ldg(brow + k), acc);
       }
       const float v = warpSum(acc);  // every lane: the same bits (a butterfly)
-      if (lane == 0) p.logits[n] = v;
+      if (lane == 0) glogits[n] = v;
       if (steps > 1 && lane < int(gridDim.x))
         putShared(cl, logitsS + n, unsigned(lane), v, bar(kLogitsHandoff));
     }
@@ -1108,7 +1259,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (steps > 1) {
         // Every block picks from its copy of the logits (warpGreedyPick: the same bits in every
         // block, so the same token) and goes on with it; block 0 writes the token row.
-        if (C <= kThreads && int(threadIdx.x) < C && pos + 1 < p.maxT)
+        if (!kSpec && C <= kThreads && int(threadIdx.x) < C && pos + 1 < p.maxT)
           wpeNext = __ldg(p.wpe + (int64_t)(pos + 1) * C + threadIdx.x);
         async::mbarWait<async::Acquire::Cluster>(bar(kLogitsHandoff), unsigned(s) & 1u);
         if (threadIdx.x == 0 && s + 1 < steps)
@@ -1117,7 +1268,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           const int next = warpGreedyPick(p.V, [&](int v) { return logitsS[v]; });
           if (lane == 0) {
             picked = next;
-            if (blockIdx.x == 0) {
+            if (!kSpec && blockIdx.x == 0) {
               p.tokens[pos] = next;
               if (s + 1 == steps || pos + 1 == p.maxT) {
                 p.advance[0] = next;
@@ -1127,11 +1278,62 @@ __global__ void __launch_bounds__(kThreads, 1)
           }
         }
         __syncthreads();
-        tok = picked;
-        continue;
+        if constexpr (!kSpec) {
+          tok = picked;
+          ++pos;
+          continue;
+        } else {
+          // Every lane's pick; the accepted prefix (the same in every block of every lane).
+          const int R = p.lanes;
+          int32_t* const slots = p.spec + kSpecPicks + (s & 1) * kMaxLanes;
+          if (blockIdx.x == 0 && threadIdx.x == 0) {
+            slots[sl] = picked;
+            publishFlag(p.spec + kSpecPickFlags + sl, serial);
+          }
+          if (int(threadIdx.x) < R) {
+            awaitFlag(p.spec + kSpecPickFlags + threadIdx.x, serial);
+            picks[threadIdx.x] = __ldcg(slots + threadIdx.x);
+          }
+          __syncthreads();
+          int take = 1;
+          while (take < R && drafts[take - 1] == picks[take - 1]) ++take;
+          take = min(take, p.steps - emitted);
+          emitted += take;
+          const bool last = emitted >= p.steps || pos0 + take + R > p.maxT;
+          if (sl == 0 && blockIdx.x == 0 && int(threadIdx.x) < take)
+            p.tokens[pos0 + threadIdx.x] = picks[threadIdx.x];
+          if (last && sl == take - 1 && blockIdx.x == 0)  // the last emitted pick's logits
+            for (int v = threadIdx.x; v < p.V; v += kThreads) p.specLogits[v] = logitsS[v];
+          if (int(threadIdx.x) < take) hist[pos0 + 1 + threadIdx.x] = picks[threadIdx.x];
+          // This block's (layer, head) rows of the accepted lanes above this one.
+          const int b = int(blockIdx.x);
+          if (!last && b < p.NH * p.nLayer && sl + 1 < take)
+            specRows(p, base, b / p.NH, b % p.NH, pos0, sl + 1, take - 1 - sl, serial);
+          pos0 += take;
+          tok0 = picks[take - 1];
+          if (last) {
+            if (sl == 0 && blockIdx.x == 0 && threadIdx.x == 0) {
+              p.advance[0] = tok0;
+              p.advance[1] = pos0;
+              p.spec[kSpecEpoch] = serial;  // the next launch's serials start above this one's
+              if (p.specStats) {
+                p.specStats[0] += s + 1;
+                p.specStats[1] += emitted;
+              }
+            }
+            break;
+          }
+          __syncthreads();  // the history is whole; every thread has read the drafts and picks
+          if (threadIdx.x < 32) specDraft(hist, pos0, R, drafts);
+          __syncthreads();
+          tok = sl == 0 ? tok0 : drafts[sl - 1];
+          pos = pos0 + sl;
+          continue;
+        }
       }
     }
     greedyTail(p, pos);
+    ++pos;
   }
   flushTrace(p, t);
 }
@@ -1344,6 +1546,77 @@ unsigned long long* profileBuffer() {
   return buf;
 }
 
+// A speculative greedy run (DecodeStepArgs::speculativeLanes): the greedy run's launch (cfg, p:
+// form 4, resident rows, logits in shared memory) with the lanes side by side; false, nothing
+// enqueued, where it cannot run (the lanes' clusters must all be resident at once).
+bool launchSpeculative(const Ops::DecodeStepArgs& a, StepParams& p, cudaLaunchConfig_t& cfg,
+                       int run) {
+  const int lanes = a.speculativeLanes;
+  if (run != 4 || !p.resident || p.steps < 2 || lanes > kMaxLanes || !a.history) return false;
+  const void* kernel = reinterpret_cast<const void*>(decodeStepKernel2<kAsyncHandoff, true>);
+  static const int cap = [&] {
+    int dev = 0, optin = 0;
+    cudaFuncAttributes fa = {};
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) !=
+            cudaSuccess ||
+        cudaFuncGetAttributes(&fa, kernel) != cudaSuccess ||
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) !=
+            cudaSuccess) {
+      cudaGetLastError();
+      return 0;
+    }
+    const int bytes = std::max(0, optin - int(fa.sharedSizeBytes));
+    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) !=
+            cudaSuccess ||
+        cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                             cudaSharedmemCarveoutMaxL1) != cudaSuccess) {
+      cudaGetLastError();
+      return 0;
+    }
+    return bytes;
+  }();
+  // After the logits: the history (maxT + 1 tokens), the drafts and the picks.
+  cfg.dynamicSmemBytes += (size_t(p.maxT) + 1 + 2 * kMaxLanes) * sizeof(int32_t);
+  if (cfg.dynamicSmemBytes > size_t(cap)) return false;
+  int fit = 0;
+  if (cudaOccupancyMaxActiveClusters(&fit, kernel, &cfg) != cudaSuccess) cudaGetLastError();
+  if (fit < lanes) return false;
+  // The lanes' scratch rows and the run's flags: one set per process (every launch is on the
+  // one stream), grown as needed; the flags are zeroed once and only rise after.
+  static float* scratch = nullptr;
+  static size_t scratchFloats = 0;
+  static int32_t* words = nullptr;
+  auto round4 = [](int64_t n) { return (n + 3) / 4 * 4; };
+  const int64_t laneFloats =
+      2 * round4(p.C) + round4(4 * int64_t(p.C)) + round4(int64_t(p.NH) * p.maxT) + round4(p.V);
+  if (size_t(laneFloats * lanes) > scratchFloats) {
+    if (scratch) PTLLM_CUDA_CHECK(cudaFree(scratch));
+    scratchFloats = size_t(laneFloats * lanes);
+    PTLLM_CUDA_CHECK(cudaMalloc(&scratch, scratchFloats * sizeof(float)));
+  }
+  if (!words) {
+    PTLLM_CUDA_CHECK(cudaMalloc(&words, kSpecWords * sizeof(int32_t)));
+    PTLLM_CUDA_CHECK(cudaMemset(words, 0, kSpecWords * sizeof(int32_t)));
+  }
+  p.lanes = lanes;
+  p.laneFloats = int(laneFloats);
+  p.x = scratch;
+  p.y = p.x + round4(p.C);
+  p.h = p.y + round4(p.C);
+  p.att = p.h + round4(4 * int64_t(p.C));
+  p.logits = p.att + round4(int64_t(p.NH) * p.maxT);
+  p.spec = words;
+  p.hist = const_cast<int32_t*>(a.history);
+  p.specLogits = a.logits;
+  p.specStats = a.speculativeStats;
+  p.prof = nullptr;  // the profile's marks are per block of one cluster
+  cfg.gridDim.y = unsigned(lanes);
+  void* params[] = {&p};
+  PTLLM_CUDA_CHECK(cudaLaunchKernelExC(&cfg, kernel, params));
+  return true;
+}
+
 }  // namespace
 
 int decodeStepMaxBlocks() {
@@ -1455,6 +1728,7 @@ int launchDecodeStep(const Ops::DecodeStepArgs& a) {
     p.logitsOff = int(off);
     cfg.dynamicSmemBytes = bytes;
   }
+  if (a.speculativeLanes > 1) return launchSpeculative(a, p, cfg, run) ? blocks : 0;
   PTLLM_CUDA_CHECK(cudaLaunchKernelExC(&cfg, formKernel(run), params));
   if (p.prof) {
     gProfForms |= 1 << (form - 1);
