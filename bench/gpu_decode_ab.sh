@@ -80,24 +80,15 @@ if [[ "${1:-}" == "--prebuild" || "${1:-}" == "--prebuild-exp" ]]; then
 fi
 
 OUT=${OUT:-/tmp/ab}
-mkdir -p "$OUT"
 REPS=${REPS:-3}
-t0=$(date +%s)
-say() { echo "[$(($(date +%s) - t0))s] $*"; }
-# shellcheck disable=SC2034  # read by gpu_deps.sh
-DEPS=.gpu-deps
-source bench/gpu_deps.sh
-{ date -u; nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader; } 2>&1 | tee "$OUT/env.txt"
+source bench/gpu_prologue.sh
 
 prebuilt=0
-if [[ -f .ab-bin/srcdir ]]; then
-  src=$(cat .ab-bin/srcdir)
-  if [[ "$(cd "$src" 2> /dev/null && pwd -P)" == "$(pwd -P)" ]] ||
-    { [[ ! -e "$src" ]] && mkdir -p "$(dirname "$src")" && ln -s "$(pwd -P)" "$src"; }; then
-    prebuilt=1
-  else
-    echo "prebuilt binaries need $src, which is taken here: building instead" | tee -a "$OUT/env.txt"
-  fi
+if prebuiltCheckout; then
+  prebuilt=1
+elif [[ -f .ab-bin/srcdir ]]; then
+  echo "prebuilt binaries need $(cat .ab-bin/srcdir), which is taken here: building instead" |
+    tee -a "$OUT/env.txt"
 fi
 rm -rf /tmp/base && mkdir /tmp/base
 if ((prebuilt)); then

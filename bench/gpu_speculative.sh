@@ -15,6 +15,7 @@
 set -uo pipefail
 T="ptllm test_cuda_decode_step test_cuda_model test_cuda_ops test_cuda_paths"
 if [[ "${1:-}" == "--prebuild" ]]; then
+  # shellcheck disable=SC2086  # T is a list of targets
   cmake -S . -B build-ab-exp -G Ninja -DCMAKE_BUILD_TYPE=Release > /dev/null &&
     cmake --build build-ab-exp -j"$(nproc)" --target $T | grep -E "warning|error|FAILED"
   rm -rf .ab-bin/spec && mkdir -p .ab-bin/spec/tests
@@ -28,18 +29,10 @@ if [[ "${1:-}" == "--prebuild" ]]; then
 fi
 
 OUT=${OUT:-/tmp/spec}
-mkdir -p "$OUT"
 REPS=${REPS:-3}
-t0=$(date +%s)
-say() { echo "[$(($(date +%s) - t0))s] $*"; }
-# shellcheck disable=SC2034  # read by gpu_deps.sh
-DEPS=.gpu-deps
-source bench/gpu_deps.sh
-{ date -u; nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader; } 2>&1 | tee "$OUT/env.txt"
+source bench/gpu_prologue.sh
 # The test binaries have the build machine's checkout path compiled in (the bundled model).
-src=$(cat .ab-bin/srcdir)
-[[ "$(cd "$src" 2> /dev/null && pwd -P)" == "$(pwd -P)" ]] ||
-  { mkdir -p "$(dirname "$src")" && ln -sfn "$(pwd -P)" "$src"; }
+prebuiltCheckout || { echo "the prebuilt tests need $(cat .ab-bin/srcdir), taken here" >&2; exit 1; }
 rm -rf /tmp/spec-bin && mkdir -p /tmp/spec-bin
 xz -dc .ab-bin/spec.tar.xz | tar -xf - -C /tmp/spec-bin || exit 1
 BIN=/tmp/spec-bin/spec/ptllm
@@ -61,7 +54,7 @@ grep -E " rc |PASSED|FAILED|Failure" "$OUT/tests.log" | head -20
 if [[ "${BENCH:-0}" == 1 ]]; then  # the whole side-by-side bench instead of the loops below
   say bench
   BIN=$BIN bash bench/run_cuda_bench.sh "$OUT/bench.txt" | tail -30
-  say done
+  say "done"
   exit 0
 fi
 
@@ -99,4 +92,4 @@ done
 cmp "$OUT/sample-0.txt" "$OUT/sample-4.txt" && echo "sample texts identical"
 head -c 300 "$OUT/sample-4.txt"
 echo
-say done
+say "done"

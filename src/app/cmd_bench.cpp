@@ -328,12 +328,9 @@ void addBenchCommand(CLI::App& app, GlobalOptions& g) {
   sample->add_flag("!--no-persistent-run", a->persistentRun,
                    "a greedy run graph replays one fused launch per step (default: one launch "
                    "runs the whole run's steps where the fused form can)");
-  sample
-      ->add_option("--speculative", a->speculative,
-                   "greedy runs check drafted tokens with this many decode steps side by side "
-                   "(2-8; 0: off); the text is the same")
-      ->capture_default_str()
-      ->check(CLI::IsMember({0, 2, 3, 4, 5, 6, 7, 8}));
+  addSpeculativeOption(sample, a->speculative,
+                       "greedy runs check drafted tokens with this many decode steps side by "
+                       "side (0: off); the text is the same");
   sample->add_option("--model", a->model,
                      "time this checkpoint's greedy text (default: random weights of the "
                      "--n-* shape)");

@@ -27,12 +27,10 @@ void addSampleCommand(CLI::App& app, GlobalOptions& g) {
   cmd->add_option("--top-k", a->s.topK, "keep the k most likely (0: off)")->capture_default_str();
   cmd->add_option("--top-p", a->s.topP, "nucleus sampling mass (1: off)")->capture_default_str();
   cmd->add_option("--seed", a->s.seed, "sampling seed")->capture_default_str();
-  cmd->add_option("--speculative", a->speculative,
-                  "greedy on a GPU: check drafted tokens with this many decode steps side by "
-                  "side (2-8; 0: off; where the GPU cannot hold them, off); the text is the "
-                  "same, bit for bit")
-      ->capture_default_str()
-      ->check(CLI::IsMember({0, 2, 3, 4, 5, 6, 7, 8}));
+  addSpeculativeOption(cmd, a->speculative,
+                       "greedy on a GPU: check drafted tokens with this many decode steps side "
+                       "by side (0: off; where the GPU cannot hold them, off); the text is the "
+                       "same, bit for bit");
   auto noSentinel = std::make_shared<bool>(false);
   cmd->add_flag("--no-sentinel", *noSentinel, "no f32 drift checks every 256 tokens");
   cmd->callback([a, noSentinel, &g] {

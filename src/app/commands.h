@@ -8,6 +8,8 @@
 #include <climits>
 #include <string>
 
+#include "kernels/ops.h"
+
 namespace ptllm::app {
 
 struct GlobalOptions {
@@ -39,6 +41,21 @@ inline CLI::Validator intRange(long long lo, long long hi = INT_MAX) {
         return {};
       },
       hi == INT_MAX ? fmt::format("INT>={}", lo) : fmt::format("INT in {}..{}", lo, hi));
+}
+
+// --speculative: speculative greedy lanes (Gpt2::setSpeculativeLanes), 0 (off) or 2 up to the
+// backend's most; anything else gets a one-line error as intRange gives.
+inline CLI::Option* addSpeculativeOption(CLI::App* cmd, int& lanes, const std::string& help) {
+  constexpr int kMost = Ops::DecodeStepArgs::kMaxSpeculativeLanes;
+  const CLI::Validator range = intRange(0, kMost);
+  return cmd->add_option("--speculative", lanes, help)
+      ->capture_default_str()
+      ->check(CLI::Validator(
+          [range, most = kMost](std::string& text) -> std::string {
+            if (range(text).empty() && std::stoll(text) != 1) return {};
+            return fmt::format("'{}' is not 0 (off) or an integer from 2 to {}", text, most);
+          },
+          fmt::format("0 or INT in 2..{}", kMost)));
 }
 
 // The most worker threads --threads takes: far above any machine this runs on, far below what

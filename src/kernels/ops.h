@@ -183,6 +183,7 @@ class Ops {
     // memory, the tokens at positions 0 .. step[1] - 1. speculativeStats (optional, [2] in
     // device memory): += {verify steps, tokens emitted}.
     int speculativeLanes = 0;
+    static constexpr int kMaxSpeculativeLanes = 8;  // more: refused
     const int32_t* history = nullptr;
     int32_t* speculativeStats = nullptr;
   };

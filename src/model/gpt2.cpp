@@ -727,8 +727,9 @@ int Gpt2::runSpeculative(const PathEntry* path, const int32_t* cachedIds, int32_
     specStats_ = ops_.allocBytes(2 * sizeof(int32_t));
   }
   auto* stats = static_cast<int32_t*>(specStats_->ptr);
-  int32_t before[2], after[2], step[2];
-  ops_.downloadIds(before, stats, 2);
+  const int32_t zero[2] = {0, 0};
+  int32_t after[2], step[2];
+  ops_.uploadIds(stats, zero, 2);  // the run adds its counts to these (queued, no wait)
   checkTokens(cachedIds, p0);
   ops_.uploadIds(static_cast<int32_t*>(specHistory_->ptr), cachedIds, p0);
   Ops::DecodeStepArgs args = fusedStepArgs(path, 4);
@@ -740,8 +741,8 @@ int Gpt2::runSpeculative(const PathEntry* path, const int32_t* cachedIds, int32_
   if (ops_.decodeStepFused(args) == 0) return 0;
   ops_.downloadIds(step, static_cast<const int32_t*>(stepIds_->ptr), 2);  // waits for the run
   ops_.downloadIds(after, stats, 2);
-  lastSpecSteps_ = after[0] - before[0];
-  lastSpecTokens_ = after[1] - before[1];
+  lastSpecSteps_ = after[0];
+  lastSpecTokens_ = after[1];
   if (step[1] - p0 != lastSpecTokens_ || lastSpecTokens_ < 0 || lastSpecTokens_ > n)
     fail("speculative run: moved {} positions but counted {} tokens", step[1] - p0,
          lastSpecTokens_);

@@ -97,7 +97,7 @@ struct StepParams {
   // A speculative greedy run (decodeStepKernel2<kAsyncHandoff, true>; DecodeStepArgs::
   // speculativeLanes): `lanes` clusters side by side (blockIdx.y), lane c running the step of
   // the token at base position + c; its scratch x, y, h, att and logits at the pointers above
-  // + c * laneFloats. spec: the run's state and synchronisation (SpecLayout), hist: the token
+  // + c * laneFloats. spec: the run's state and synchronisation (the kSpec* words), hist: the token
   // at every position (those below the start given, the run appends), specLogits: where the
   // last emitted pick's logits go.
   int lanes, laneFloats;
@@ -466,6 +466,20 @@ __device__ __forceinline__ void stageResident(const StepParams& p, float* base, 
   stageRows(p, base, p.layers[b / p.NH].cache, b % p.NH, pos);
 }
 
+// Rows row0 .. row0 + rows - 1 of head h of `cache`, written in this launch, into the stage
+// through L2 (plain loads: the caller's next block barrier publishes them).
+__device__ __forceinline__ void loadStageRows(const StepParams& p, float* base, const float* cache,
+                                              int h, int row0, int rows) {
+  const int C = p.C, hs = C / p.NH, rs = p.stageRs;
+  const int64_t stride = 3 * (int64_t)C;
+  float* ks = base + p.stageOff;
+  float* vs = ks + p.maxT * rs;
+  for (int i = threadIdx.x; i < rows * 2 * hs; i += kThreads) {
+    const int row = row0 + i / (2 * hs), part = i / hs % 2, d = i % hs;
+    (part ? vs : ks)[row * rs + d] = __ldcg(cache + row * stride + (1 + part) * C + h * hs + d);
+  }
+}
+
 // Head h's attention (queryFixedHsTo) over its staged rows 0..pos-1 and row pos, which the qkv
 // phase of this launch wrote: read through L2 into the stage first, or (p.qkvShared) already
 // stored there and into sm.q by the qkv phase. The output goes to emit(copy, d, o).
@@ -479,12 +493,7 @@ __device__ __forceinline__ void attendStaged(const StepParams& p, float* base, d
   float* ks = base + p.stageOff;
   float* vs = ks + p.maxT * rs;
   async::cpAsyncWait<0>();
-  if (!p.qkvShared) {
-    for (int i = threadIdx.x; i < 2 * hs; i += kThreads) {
-      const int part = i / hs, d = i % hs;
-      (part ? vs : ks)[pos * rs + d] = __ldcg(head + pos * stride + (1 + part) * C + d);
-    }
-  }
+  if (!p.qkvShared) loadStageRows(p, base, cache, h, pos, 1);
   // queryFixedHs's first barrier publishes row pos and every thread's copies.
   const decode::SharedKv kv{ks, vs, rs};
   float* attRow = att + (int64_t)h * p.maxT;
@@ -925,7 +934,7 @@ __device__ __forceinline__ uint32_t handoffBytes(const StepParams& p, int k, int
 // rewrites its slot two steps later, after every block has read it: each lane's next pick
 // needs every block of the lane past the step that read it). Every cluster must be resident at
 // once (the launch checks the device fits them; a wait that outlasts kSpecTimeoutNs traps).
-constexpr int kMaxLanes = 8;
+constexpr int kMaxLanes = Ops::DecodeStepArgs::kMaxSpeculativeLanes;
 constexpr int kDraftNgram = 4;  // the longest suffix drafts are matched on
 constexpr int kSpecEpoch = 0, kSpecPicks = 1, kSpecPickFlags = kSpecPicks + 2 * kMaxLanes,
               kSpecQkvFlags = kSpecPickFlags + kMaxLanes,
@@ -969,15 +978,7 @@ __device__ void specRows(const StepParams& p, float* base, int l, int h, int pos
   for (int i = threadIdx.x; i < count * G; i += kThreads)
     awaitFlag(qkvFlag(p, first + i / G, l, i % G), v);
   __syncthreads();
-  const int C = p.C, hs = C / p.NH, rs = p.stageRs;
-  const int64_t stride = 3 * (int64_t)C;
-  const float* cache = p.layers[l].cache;
-  float* ks = base + p.stageOff;
-  float* vs = ks + p.maxT * rs;
-  for (int i = threadIdx.x; i < count * 2 * hs; i += kThreads) {
-    const int row = pos0 + first + i / (2 * hs), part = i / hs % 2, d = i % hs;
-    (part ? vs : ks)[row * rs + d] = __ldcg(cache + row * stride + (1 + part) * C + h * hs + d);
-  }
+  loadStageRows(p, base, p.layers[l].cache, h, pos0 + first, count);
 }
 
 // Drafts for positions pos0 + 1 .. pos0 + lanes - 1 (drafts[0 .. lanes - 2]) by warp 0: the
@@ -1429,24 +1430,41 @@ const void* formKernel(int form) {
 
 // The dynamic shared memory a block of forms 2-4 may ask for: the device's per-block
 // opt-in less the kernel's static shared memory (the profile's trace marks).
+// The dynamic shared memory a block of `kernel` may ask for: the device's per-block opt-in
+// (48 KB where it cannot say) less the kernel's static shared memory; 0 where the kernel's
+// attributes cannot be read.
+int kernelSmemCap(const void* kernel) {
+  int dev = 0, optin = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) {
+    cudaGetLastError();
+    optin = 48 * 1024;
+  }
+  cudaFuncAttributes fa = {};
+  if (cudaFuncGetAttributes(&fa, kernel) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return std::max(0, optin - int(fa.sharedSizeBytes));
+}
+
+// Lets `kernel` launch in clusters of up to kMaxCluster blocks where the device allows it (else
+// portable sizes only), asking for up to smem bytes of dynamic shared memory; the carveout
+// preference leaves the rest of the SM's 256 KB to L1.
+void allowClusterLaunch(const void* kernel, int smem) {
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) !=
+      cudaSuccess)
+    cudaGetLastError();  // then only portable sizes
+  if (smem <= 0) return;
+  PTLLM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  PTLLM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                        cudaSharedmemCarveoutMaxL1));
+}
+
 int dynSmemCapBytes(int form) {
   static const std::vector<int> caps = [] {
     std::vector<int> c(kForms + 1, 0);
-    int dev = 0, optin = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) !=
-            cudaSuccess) {
-      cudaGetLastError();
-      optin = 48 * 1024;
-    }
-    for (int f = 2; f <= kForms; ++f) {
-      cudaFuncAttributes fa = {};
-      if (cudaFuncGetAttributes(&fa, formKernel(f)) != cudaSuccess) {
-        cudaGetLastError();
-        continue;
-      }
-      c[size_t(f)] = std::max(0, optin - int(fa.sharedSizeBytes));
-    }
+    for (int f = 2; f <= kForms; ++f) c[size_t(f)] = kernelSmemCap(formKernel(f));
     return c;
   }();
   return form >= 2 && form <= kForms ? caps[size_t(form)] : 0;
@@ -1555,25 +1573,8 @@ bool launchSpeculative(const Ops::DecodeStepArgs& a, StepParams& p, cudaLaunchCo
   if (run != 4 || !p.resident || p.steps < 2 || lanes > kMaxLanes || !a.history) return false;
   const void* kernel = reinterpret_cast<const void*>(decodeStepKernel2<kAsyncHandoff, true>);
   static const int cap = [&] {
-    int dev = 0, optin = 0;
-    cudaFuncAttributes fa = {};
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) !=
-            cudaSuccess ||
-        cudaFuncGetAttributes(&fa, kernel) != cudaSuccess ||
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) !=
-            cudaSuccess) {
-      cudaGetLastError();
-      return 0;
-    }
-    const int bytes = std::max(0, optin - int(fa.sharedSizeBytes));
-    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) !=
-            cudaSuccess ||
-        cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                             cudaSharedmemCarveoutMaxL1) != cudaSuccess) {
-      cudaGetLastError();
-      return 0;
-    }
+    const int bytes = kernelSmemCap(kernel);
+    allowClusterLaunch(kernel, bytes);
     return bytes;
   }();
   // After the logits: the history (maxT + 1 tokens), the drafts and the picks.
@@ -1626,18 +1627,9 @@ int decodeStepMaxBlocks() {
     int common = kMaxCluster;
     for (int form = 1; form <= kForms; ++form) {
       const void* kernel = formKernel(form);
-      if (cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) !=
-          cudaSuccess)
-        cudaGetLastError();  // then only portable sizes
+      // A launch asks for what its shapes need (smemBytes), at most this.
       const size_t smem = size_t(dynSmemCapBytes(form));
-      if (smem > 0) {
-        // A launch asks for what its shapes need (smemBytes), at most this; the carveout
-        // preference leaves the rest of the SM's 256 KB to L1.
-        PTLLM_CUDA_CHECK(
-            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-        PTLLM_CUDA_CHECK(cudaFuncSetAttribute(
-            kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxL1));
-      }
+      allowClusterLaunch(kernel, int(smem));
       int fits = 0;
       for (int b : {kMaxCluster, kPortableCluster}) {
         if (b > common) continue;
