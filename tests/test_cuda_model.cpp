@@ -212,6 +212,7 @@ TEST_F(CudaModel, SpeculativeGreedyRunsEqualGreedyRuns) {
     BundledOn loaded(*gpu, paths);
     Gpt2& m = *loaded.lm.model;
     const std::vector<int32_t>& prompt = loaded.prompt;
+    int specTokens = 0, specSteps = 0;  // the last generation's (Generator::speculative*)
     auto generate = [&](int lanes) {
       m.setSpeculativeLanes(lanes);
       Generator gen(m);
@@ -219,10 +220,18 @@ TEST_F(CudaModel, SpeculativeGreedyRunsEqualGreedyRuns) {
       o.tokens = 300;
       o.temperature = 0;
       o.sentinelEvery = 50;
-      return gen.generate(prompt, o);
+      std::vector<int32_t> out = gen.generate(prompt, o);
+      specTokens = gen.speculativeTokens();
+      specSteps = gen.speculativeSteps();
+      return out;
     };
     const std::vector<int32_t> plain = generate(0);
+    EXPECT_EQ(specSteps, 0);
     for (int lanes : {2, 4, 8}) EXPECT_EQ(generate(lanes), plain) << lanes << " lanes";
+    generate(4);  // 4 lanes fit (as the run below needs; an H100 holds 6)
+    EXPECT_GT(specSteps, 0);
+    EXPECT_LT(specSteps, specTokens) << "no draft was kept";
+    EXPECT_LE(specTokens, 300);
 
     const int V = m.config().vocabSize, n = 120;
     auto run = [&](int lanes, std::vector<int32_t>& picks, std::vector<float>& last) {

@@ -174,6 +174,7 @@ TEST_F(Serve, InfoCapsStatusAndGatesDescribeTheEngine) {
   EXPECT_EQ(info["model"]["block_size"], 32);
   EXPECT_EQ(info["backend"], "cpu");
   EXPECT_EQ(info["limits"]["max_tokens"], 2000);
+  EXPECT_EQ(info["speculative_lanes"], Gpt2::kDefaultSpeculativeLanes);
 
   json caps = parse(c.Get("/api/caps"));
   ASSERT_TRUE(caps["paths"].is_array());
@@ -220,6 +221,18 @@ TEST_F(Serve, GreedyGenerationIsIdenticalOnAutoAndF32AndSeededSamplingRepeats) {
   EXPECT_EQ(f["path"], "f32");
   EXPECT_EQ(a["text"], f["text"]);
   EXPECT_EQ(a["model"], "base");
+  // "speculative" picks the lanes of a greedy generation (the server's default otherwise); the
+  // text is the same. The CPU backend has no speculative runs: none of its tokens came from one.
+  EXPECT_EQ(a["speculative"]["lanes"], Gpt2::kDefaultSpeculativeLanes);
+  for (int lanes : {0, 2, 8}) {
+    json k = parse(postJson(c, "/api/generate",
+                            R"({"prompt":)" + prompt + R"(,"tokens":60,"temperature":0,)" +
+                                R"("speculative":)" + std::to_string(lanes) + "}"));
+    EXPECT_EQ(k["text"], a["text"]) << lanes;
+    EXPECT_EQ(k["speculative"]["lanes"], lanes);
+    EXPECT_EQ(k["speculative"]["tokens"], 0);
+    EXPECT_EQ(k["speculative"]["steps"], 0);
+  }
   const std::string seeded = R"({"prompt":)" + prompt +
                              R"(,"tokens":40,"temperature":0.9,"top_k":5,"top_p":0.9,"seed":7})";
   json s1 = parse(postJson(c, "/api/generate", seeded));
@@ -284,6 +297,9 @@ TEST_F(Serve, BadRequestsGetAClearErrorAndTheServerStaysHealthy) {
       {R"({"prompt":"\u2603"})", 400, "U+2603"},
       {R"({"prompt":"a","model":"finetuned"})", 409, "fine-tune"},
       {R"({"prompt":"a","stream":"yes"})", 400, "stream"},
+      {R"({"prompt":"a","speculative":1})", 400, "speculative: 1 is not 0 (off)"},
+      {R"({"prompt":"a","speculative":9})", 400, "speculative: 9 is out of range"},
+      {R"({"prompt":"a","speculative":-2})", 400, "speculative"},
   };
   for (const Case& k : cases) {
     auto r = postJson(c, "/api/generate", k.body);

@@ -427,7 +427,7 @@
 
   function genBody() {
     const body = {prompt: $('prompt').value, stream: true, path: $('path').value, model: $('model').value};
-    const fields = [['temperature', 'temperature'], ['top-k', 'top_k'], ['top-p', 'top_p'], ['tokens', 'tokens'], ['seed', 'seed']];
+    const fields = [['temperature', 'temperature'], ['top-k', 'top_k'], ['top-p', 'top_p'], ['tokens', 'tokens'], ['seed', 'seed'], ['speculative', 'speculative']];
     for (const [id, key] of fields) {
       const v = intOrNull(id);
       if (v === null) continue;
@@ -513,6 +513,9 @@
           if (isNum(j.ms)) parts.push(`${j.ms.toFixed(1)} ms`);
           if (isNum(j.queued_ms)) parts.push(`queued ${j.queued_ms.toFixed(1)} ms`);
           if (j.sentinel_demoted) parts.push('drift sentinel demoted the fast path (finished on f32)');
+          const spec = j.speculative;
+          if (spec && isNum(spec.steps) && spec.steps > 0)
+            parts.push(`speculative: ${(spec.tokens / spec.steps).toFixed(2)} tokens per verify step (${spec.lanes} lanes)`);
           $('gen-info').textContent = parts.join(' · ');
           $('gen-info').dataset.path = String(j.path ?? '');
           setGenState('done');

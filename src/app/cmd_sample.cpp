@@ -57,11 +57,17 @@ void addSampleCommand(CLI::App& app, GlobalOptions& g) {
     std::fprintf(stderr, "%s\n", statusLine(warm, model.fastPath(false)).c_str());
     std::fputs(a->prompt.c_str(), stdout);
     Generator gen(model);
-    gen.generate(prompt, a->s, [&](int32_t t) {
+    const auto out = gen.generate(prompt, a->s, [&](int32_t t) {
       std::fputs(lm.tokenizer->decode(t).c_str(), stdout);
       std::fflush(stdout);
     });
     std::fputs("\n", stdout);
+    if (gen.speculativeSteps() > 0)
+      std::fprintf(stderr,
+                   "[sample] speculative greedy (%d lanes): %d of %zu tokens in %d verify steps, "
+                   "%.2f per step\n",
+                   a->speculative, gen.speculativeTokens(), out.size(), gen.speculativeSteps(),
+                   double(gen.speculativeTokens()) / gen.speculativeSteps());
   });
 }
 

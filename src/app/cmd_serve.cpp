@@ -28,15 +28,21 @@ void addServeCommand(CLI::App& app, GlobalOptions& g) {
   struct Args {
     std::string model, host = "127.0.0.1";
     int port = 8080;
+    int speculative = Gpt2::kDefaultSpeculativeLanes;
   };
   auto a = std::make_shared<Args>();
   cmd->add_option("--model", a->model, "checkpoint (default: the bundled Shakespeare model)");
   cmd->add_option("--host", a->host, "address to listen on (loopback unless told otherwise)")
       ->capture_default_str();
   cmd->add_option("--port", a->port, "port (0: any free port)")->capture_default_str();
+  addSpeculativeOption(cmd, a->speculative,
+                       "greedy generations on a GPU: check drafted tokens with this many decode "
+                       "steps side by side, unless a request says otherwise (\"speculative\"; "
+                       "0: off); the text is the same, bit for bit");
   cmd->callback([a, &g] {
     const std::string path = a->model.empty() ? bundledModelPath() : a->model;
-    Playground playground(g, path);  // loads the model (errors end here, before listening)
+    Playground playground(g, path, {},
+                          a->speculative);  // loads the model (errors end here, before listening)
     HttpApi api(playground);
     const int port = api.bind(a->host, a->port);
     std::printf(

@@ -116,7 +116,7 @@ std::vector<int32_t> Generator::generate(const std::vector<int32_t>& prompt,
   if (opt.topK < 0) fail("generate: --top-k must be >= 0 (got {})", opt.topK);
   Rng rng(opt.seed);
   context_.clear();
-  slides_ = 0;
+  slides_ = specTokens_ = specSteps_ = 0;
   sentinel_ = {};
   model_.resetCache();
   const int T = model_.config().blockSize;
@@ -154,6 +154,8 @@ std::vector<int32_t> Generator::generate(const std::vector<int32_t>& prompt,
           },
           logits_.data(), context_.data());
       if (done) {
+        specTokens_ += model_.lastSpeculativeTokens();
+        specSteps_ += model_.lastSpeculativeSteps();
         i += run - 1;
         continue;
       }

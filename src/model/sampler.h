@@ -52,6 +52,10 @@ class Generator {
   const std::vector<int32_t>& context() const { return context_; }
   int slides() const { return slides_; }
   const SentinelReport& sentinel() const { return sentinel_; }
+  // The last generate()'s tokens decoded speculatively (Gpt2::setSpeculativeLanes) and the
+  // verify steps they took (0, 0: none ran speculatively).
+  int speculativeTokens() const { return specTokens_; }
+  int speculativeSteps() const { return specSteps_; }
 
  private:
   void feed(const std::vector<int32_t>& tokens);  // prefill, sliding if needed
@@ -59,7 +63,7 @@ class Generator {
   Gpt2& model_;
   std::vector<int32_t> context_;
   std::vector<float> logits_;
-  int slides_ = 0;
+  int slides_ = 0, specTokens_ = 0, specSteps_ = 0;
   SentinelReport sentinel_;
 };
 

@@ -117,8 +117,9 @@ struct Playground::TrainRequest {
 };
 
 Playground::Playground(const GlobalOptions& g, const std::string& modelPath,
-                       PlaygroundLimits limits)
+                       PlaygroundLimits limits, int speculativeLanes)
     : limits_(limits),
+      speculativeLanes_(speculativeLanes),
       hub_(limits.maxSubscribers, limits.eventQueueCapacity),
       modelPath_(modelPath),
       start_(std::chrono::steady_clock::now()) {
@@ -155,6 +156,7 @@ Playground::Playground(const GlobalOptions& g, const std::string& modelPath,
            {"device",
             std::string(core_->engine.ops->name()) == "cuda" ? caps.gpu : "cpu: " + caps.cpuModel},
            {"version", PTLLM_VERSION},
+           {"speculative_lanes", speculativeLanes_},
            {"limits",
             {{"max_tokens", limits_.maxTokens},
              {"max_prompt_chars", limits_.maxPromptChars},
@@ -289,7 +291,12 @@ std::shared_ptr<GenerationJob> Playground::generate(const nlohmann::json& body) 
   const std::string path = f.get<std::string>("path", "auto");
   const std::string model = f.get<std::string>("model", "base");
   job->stream = f.get<bool>("stream", false);
+  job->speculativeLanes =
+      f.number<int>("speculative", speculativeLanes_, 0, Ops::DecodeStepArgs::kMaxSpeculativeLanes);
   f.rejectUnknown();
+  if (job->speculativeLanes == 1)
+    throw ApiError(400, fmt::format("speculative: 1 is not 0 (off) or an integer from 2 to {}",
+                                    Ops::DecodeStepArgs::kMaxSpeculativeLanes));
   if (path != "auto" && path != "f32")
     throw ApiError(400, fmt::format("path: \"{}\" is not auto or f32", path));
   if (model != "base" && model != "finetuned")
@@ -477,6 +484,7 @@ void Playground::runGeneration(GenerationJob& job) {
   }
   const PathEntry* before = core_->base.model->fastPath(false);
   model->setForceF32(job.forceF32);
+  model->setSpeculativeLanes(job.speculativeLanes);
   try {
     model->prepareForInference();  // packs again after a training step invalidated the copies
     const std::string path = pathName(model->fastPath(false));
@@ -500,7 +508,11 @@ void Playground::runGeneration(GenerationJob& job) {
                              {"ms", ms},
                              {"tok_s", ms > 0 ? 1e3 * double(tokens.size()) / ms : 0.0},
                              {"queued_ms", queuedMs},
-                             {"sentinel_demoted", gen.sentinel().demoted}});
+                             {"sentinel_demoted", gen.sentinel().demoted},
+                             {"speculative",
+                              {{"lanes", job.speculativeLanes},
+                               {"tokens", gen.speculativeTokens()},
+                               {"steps", gen.speculativeSteps()}}}});
   } catch (const Cancelled&) {
   } catch (const std::exception& e) {
     job.events.push("error", {{"error", e.what()}});

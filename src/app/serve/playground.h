@@ -53,9 +53,10 @@ struct GenerationJob {
   std::string prompt;
   std::vector<int32_t> promptTokens;
   SampleOptions options;
-  bool forceF32 = false;   // "path": "f32"
-  bool finetuned = false;  // "model": "finetuned"
-  bool stream = false;     // "stream": true: the HTTP layer sends the events as they come
+  bool forceF32 = false;     // "path": "f32"
+  int speculativeLanes = 0;  // "speculative": Gpt2::setSpeculativeLanes for this generation
+  bool finetuned = false;    // "model": "finetuned"
+  bool stream = false;       // "stream": true: the HTTP layer sends the events as they come
   std::atomic<bool> cancelled{false};  // the client went away: stop after the current token
   EventQueue events;
   double submittedAt = 0;  // seconds on the playground's clock
@@ -65,7 +66,9 @@ class Playground {
  public:
   // Loads the model (errors throw ptllm::Error before anything listens), starts the gates and
   // the worker, which warms up (model-level gates, packing) before it takes jobs.
-  Playground(const GlobalOptions& g, const std::string& modelPath, PlaygroundLimits limits = {});
+  // speculativeLanes: a generation's default for "speculative" (serve --speculative).
+  Playground(const GlobalOptions& g, const std::string& modelPath, PlaygroundLimits limits = {},
+             int speculativeLanes = Gpt2::kDefaultSpeculativeLanes);
   ~Playground();  // stops the worker (a running fine-tune ends unsaved) and every event stream
   Playground(const Playground&) = delete;
   Playground& operator=(const Playground&) = delete;
@@ -111,6 +114,7 @@ class Playground {
   nlohmann::json trainStatusLocked() const;
 
   PlaygroundLimits limits_;
+  int speculativeLanes_;
   EventHub hub_;
   std::unique_ptr<Core> core_;  // engine + models: worker-owned after construction
   std::string modelPath_;
