@@ -11,7 +11,8 @@
 #                                         # machine's nvcc into .ab-bin/spec.tar.xz (ignored)
 #   bash bench/gpu_speculative.sh         # on the device: run carry [".gpu-deps", ".ab-bin"],
 #                                         # OUT set; everything lands in $OUT
-#   BENCH=1 bash bench/gpu_speculative.sh # the tests, then bench/run_cuda_bench.sh instead
+#   BENCH=1 bash bench/gpu_speculative.sh # the tests and the profile, then
+#                                         # bench/run_cuda_bench.sh instead
 set -uo pipefail
 T="ptllm test_cuda_decode_step test_cuda_model test_cuda_ops test_cuda_paths"
 if [[ "${1:-}" == "--prebuild" ]]; then
@@ -50,6 +51,17 @@ done > "$OUT/tests.log"
 wait
 cat "$OUT"/tests-test_cuda_*.log >> "$OUT/tests.log" && rm -f "$OUT"/tests-test_cuda_*.log
 grep -E " rc |PASSED|FAILED|Failure" "$OUT/tests.log" | head -20
+
+# The step's timeline (PTLLM_DECODE_PROFILE=1, form 4 forced): the ordinary greedy run's mean
+# step beside the speculative run's, lane by lane.
+say profile
+for k in 0 4; do
+  PTLLM_DECODE_PROFILE=1 timeout 60 "$BIN" --device cuda bench sample --decode-form 4 \
+    --model models/shakespeare.safetensors --tokens 200 --repeats 5 --speculative $k \
+    > "$OUT/profile-$k.txt" 2>&1
+  echo "profile --speculative $k rc $?"
+done
+grep -hE "launches|total:|^\[decode profile\] +1[4-7] " "$OUT"/profile-*.txt
 
 if [[ "${BENCH:-0}" == 1 ]]; then  # the whole side-by-side bench instead of the loops below
   say bench

@@ -35,6 +35,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -340,20 +341,25 @@ __device__ void greedyTail(const StepParams& p, int pos) {
 }
 
 // ---- the profile (PTLLM_DECODE_PROFILE=1): a timeline of thread 0 of every block ----
-// Each stamp records clock64 since the block's start into shared memory (no memory traffic
-// inside the step, so the stamps do not hold back the barriers' release); the launch's end adds
-// the marks into a device buffer, per mark and block. A mark's point names the phase that
-// ended there; the printout gives every mark's time (block 0, and the earliest and latest block
-// with their ranks) and the points summed over layers.
+// Each stamp adds clock64 since the block's start (a launch of several steps: since the step's
+// start) into shared memory (no memory traffic inside the step, so the stamps do not hold back
+// the barriers' release), and counts the mark; the launch's end adds the marks into a device
+// buffer, per mark, lane and block. A multi-step launch's marks are so the mean step. A mark's
+// point names the phase that ended there; the printout gives every mark's time (block 0, and
+// the earliest and latest block with their ranks; a speculative run: the latest block of every
+// lane) and the points summed over layers.
 // Points: 0 LayerNorm 1 (with the embedding or the row load), 1 qkv, 2 barrier, 3 attention,
 // 4 barrier, 5 proj (with its row load), 6 barrier, 7 LayerNorm 2, 8 fc, 9 barrier, 10 fcProj
-// (with its row load), 11 barrier, 12 final LayerNorm, 13 head.
-constexpr int kProfPoints = 14;
-constexpr int kTraceMarks = 128;  // marks kept per launch (12 per layer and 2 more per step)
-// Buffer: sums [kTraceMarks][kMaxCluster], the marks' points [kTraceMarks], the most marks a
-// launch made, the launches that made each mark [kTraceMarks] (a mark's mean is over those: a
-// multi-step launch makes more marks than a single step), the launch count.
-constexpr int kProfIds = kTraceMarks * kMaxCluster;
+// (with its row load), 11 barrier, 12 final LayerNorm, 13 head; a speculative run's own: 14 the
+// qkv flag published and the lower lanes' rows read, 15 every lane's pick read, 16 the accepted
+// lanes' rows read, 17 the next drafts.
+constexpr int kMaxLanes = Ops::DecodeStepArgs::kMaxSpeculativeLanes;
+constexpr int kProfPoints = 18;
+constexpr int kTraceMarks = 128;  // marks kept per step (12 per layer and 2 more per step)
+// Buffer: sums [kTraceMarks][kMaxLanes][kMaxCluster], the marks' points [kTraceMarks], the
+// most marks a step made, the steps that made each mark [kTraceMarks] (a mark's mean is over
+// those), the launch count. The speculative kernel adds into a second such buffer.
+constexpr int kProfIds = kTraceMarks * kMaxLanes * kMaxCluster;
 constexpr int kProfCounts = kProfIds + kTraceMarks + 1;
 constexpr int kProfSlots = kProfCounts + kTraceMarks + 1;
 
@@ -362,34 +368,51 @@ struct Trace {
   int n;
   long long* ts;
   unsigned char* ids;
+  unsigned short* counts;
 };
+
+// Thread 0: the marks' sums and counts start at zero.
+__device__ __forceinline__ void startTrace(const StepParams& p, Trace& t) {
+  if (p.prof && threadIdx.x == 0)
+    for (int i = 0; i < kTraceMarks; ++i) t.ts[i] = 0, t.counts[i] = 0;
+}
+
+// A multi-step launch: the step's marks count from here.
+__device__ __forceinline__ void startStepTrace(const StepParams& p, Trace& t) {
+  if (p.prof && threadIdx.x == 0) t.t0 = clock64(), t.n = 0;
+}
 
 __device__ __forceinline__ void stamp(const StepParams& p, Trace& t, int point) {
   if (p.prof && threadIdx.x == 0 && t.n < kTraceMarks) {
-    t.ts[t.n] = clock64() - t.t0;
+    t.ts[t.n] += clock64() - t.t0;
     t.ids[t.n] = static_cast<unsigned char>(point);
+    ++t.counts[t.n];
     ++t.n;
   }
 }
 
 __device__ void flushTrace(const StepParams& p, const Trace& t) {
   if (!p.prof || threadIdx.x != 0) return;
-  for (int i = 0; i < t.n; ++i)
-    atomicAdd(p.prof + i * kMaxCluster + blockIdx.x, (unsigned long long)t.ts[i]);
-  if (blockIdx.x == 0) {
-    for (int i = 0; i < t.n; ++i) {
+  for (int i = 0; i < kTraceMarks && t.counts[i] > 0; ++i)
+    atomicAdd(p.prof + (i * kMaxLanes + blockIdx.y) * kMaxCluster + blockIdx.x,
+              (unsigned long long)t.ts[i]);
+  if (blockIdx.x == 0 && blockIdx.y == 0) {
+    int marks = 0;
+    for (int i = 0; i < kTraceMarks && t.counts[i] > 0; ++i, ++marks) {
       p.prof[kProfIds + i] = t.ids[i];
-      atomicAdd(p.prof + kProfCounts + i, 1ull);
+      atomicAdd(p.prof + kProfCounts + i, (unsigned long long)t.counts[i]);
     }
-    atomicMax(p.prof + kProfIds + kTraceMarks, (unsigned long long)t.n);
+    atomicMax(p.prof + kProfIds + kTraceMarks, (unsigned long long)marks);
     atomicAdd(p.prof + kProfSlots - 1, 1ull);
   }
 }
 
-#define PTLLM_DECODE_TRACE(t)                     \
-  __shared__ long long traceTs[kTraceMarks];      \
-  __shared__ unsigned char traceIds[kTraceMarks]; \
-  Trace t = {p.prof ? clock64() : 0, 0, traceTs, traceIds}
+#define PTLLM_DECODE_TRACE(t)                                            \
+  __shared__ long long traceTs[kTraceMarks];                             \
+  __shared__ unsigned char traceIds[kTraceMarks];                        \
+  __shared__ unsigned short traceCounts[kTraceMarks];                    \
+  Trace t = {p.prof ? clock64() : 0, 0, traceTs, traceIds, traceCounts}; \
+  startTrace(p, t)
 
 // ---- the second form (the default): rows in distributed shared memory, loads before barriers --
 // Same phases, barriers and per-element arithmetic as decodeStepKernel; what moves is where the
@@ -934,7 +957,6 @@ __device__ __forceinline__ uint32_t handoffBytes(const StepParams& p, int k, int
 // rewrites its slot two steps later, after every block has read it: each lane's next pick
 // needs every block of the lane past the step that read it). Every cluster must be resident at
 // once (the launch checks the device fits them; a wait that outlasts kSpecTimeoutNs traps).
-constexpr int kMaxLanes = Ops::DecodeStepArgs::kMaxSpeculativeLanes;
 constexpr int kDraftNgram = 4;  // the longest suffix drafts are matched on
 constexpr int kSpecEpoch = 0, kSpecPicks = 1, kSpecPickFlags = kSpecPicks + 2 * kMaxLanes,
               kSpecQkvFlags = kSpecPickFlags + kMaxLanes,
@@ -1096,6 +1118,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll 1
   for (int s = 0; s < steps && pos < p.maxT; ++s) {
     const int32_t serial = epoch + s + 1;  // a speculative run's flags for this step
+    if (steps > 1) startStepTrace(p, t);
     if (p.nLayer > 0) stageHead(p, base, p.layers[0].cache, pos);
     // x = wte[tok] + wpe[pos] in every block (block 0 also stores the global x).
     for (int c = threadIdx.x; c < C; c += kThreads) {
@@ -1151,6 +1174,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           if (threadIdx.x == 0) publishFlag(qkvFlag(p, sl, l, int(blockIdx.x)), serial);
           const int h = int(blockIdx.x) - rank0;
           if (sl > 0 && h >= 0 && h < p.NH) specRows(p, base, l, h, pos0, 0, sl, serial);
+          stamp(p, t, 14);
         }
         wait(kQkvHandoff, g);
       } else {
@@ -1296,6 +1320,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             picks[threadIdx.x] = __ldcg(slots + threadIdx.x);
           }
           __syncthreads();
+          stamp(p, t, 15);
           int take = 1;
           while (take < R && drafts[take - 1] == picks[take - 1]) ++take;
           take = min(take, p.steps - emitted);
@@ -1310,6 +1335,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           const int b = int(blockIdx.x);
           if (!last && b < p.NH * p.nLayer && sl + 1 < take)
             specRows(p, base, b / p.NH, b % p.NH, pos0, sl + 1, take - 1 - sl, serial);
+          stamp(p, t, 16);
           pos0 += take;
           tok0 = picks[take - 1];
           if (last) {
@@ -1327,6 +1353,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           __syncthreads();  // the history is whole; every thread has read the drafts and picks
           if (threadIdx.x < 32) specDraft(hist, pos0, R, drafts);
           __syncthreads();
+          stamp(p, t, 17);
           tok = sl == 0 ? tok0 : drafts[sl - 1];
           pos = pos0 + sl;
           continue;
@@ -1495,69 +1522,119 @@ size_t smemBytes(int form, StepParams& p, int blocks) {
   return rows;
 }
 
-// PTLLM_DECODE_PROFILE=1: a device buffer of kProfSlots counters that every launch adds its
-// timeline to; printed to stderr at exit, averaged over the launches. Force one form and one
-// cluster size (bench sample --decode-form N) for a timeline that means something.
+// PTLLM_DECODE_PROFILE=1: two device buffers of kProfSlots counters (the forms' launches, the
+// speculative runs') that every launch adds its timeline to; printed to stderr at exit,
+// averaged over the steps. Force one form and one cluster size (bench sample --decode-form N)
+// for a timeline that means something: a launch of one step counts from the block's start,
+// one of several from each step's.
 unsigned long long* gProf = nullptr;
 int gProfForms = 0;   // bit f-1: form f was launched (the profile adds up every launch)
 int gProfBlocks = 0;  // the largest cluster launched
+int gProfLanes = 0;   // the most lanes a speculative run launched
+
+void printTimeline(const std::vector<unsigned long long>& h, const char* what, int blocks,
+                   int lanes, int khz) {
+  const double n = double(h[kProfSlots - 1]);
+  const int marks = int(std::min<unsigned long long>(h[kProfIds + kTraceMarks], kTraceMarks));
+  blocks = std::min(blocks, kMaxCluster);
+  lanes = std::clamp(lanes, 1, kMaxLanes);
+  if (n <= 0 || blocks <= 0) return;
+  static const char* names[kProfPoints] = {"ln1 (+row/embed)",
+                                           "qkv",
+                                           "barrier",
+                                           "attention",
+                                           "barrier",
+                                           "proj (+row)",
+                                           "barrier",
+                                           "ln2 (+row)",
+                                           "fc",
+                                           "barrier",
+                                           "fcProj (+row)",
+                                           "barrier",
+                                           "final ln",
+                                           "head",
+                                           "qkv flag+rows",
+                                           "picks",
+                                           "accepted rows",
+                                           "drafts"};
+  auto us = [&](int mark, int lane, int block) {
+    const double steps = std::max(1.0, double(h[size_t(kProfCounts + mark)]));
+    const size_t slot = (size_t(mark) * kMaxLanes + size_t(lane)) * kMaxCluster + size_t(block);
+    return double(h[slot]) / steps / (khz * 1e-3);
+  };
+  const std::string perLane = lanes > 1 ? " per lane, " + std::to_string(lanes) + " lanes" : "";
+  std::fprintf(stderr,
+               "[decode profile] %s: %.0f launches, %d blocks%s, clock %d MHz; us since the "
+               "block's start (a multi-step launch: the step's), thread 0, mean over the steps "
+               "that reached the mark\n",
+               what, n, blocks, perLane.c_str(), khz / 1000);
+  std::vector<std::vector<double>> sums(size_t(lanes), std::vector<double>(kProfPoints, 0.0));
+  std::vector<double> sum0(kProfPoints, 0.0), prev(size_t(lanes), 0.0);
+  double prev0 = 0;
+  for (int i = 0; i < marks; ++i) {
+    const int point = int(h[size_t(kProfIds) + size_t(i)]) % kProfPoints;
+    double lo = us(i, 0, 0), hi = lo;
+    int first = 0, last = 0;  // lane 0's blocks that reached the mark first and last
+    for (int b = 1; b < blocks; ++b) {
+      if (us(i, 0, b) < lo) lo = us(i, 0, b), first = b;
+      if (us(i, 0, b) > hi) hi = us(i, 0, b), last = b;
+    }
+    std::string line;
+    for (int c = 1; c < lanes; ++c) {  // the latest block of every other lane
+      double top = 0;
+      for (int b = 0; b < blocks; ++b) top = std::max(top, us(i, c, b));
+      char cell[32];
+      std::snprintf(cell, sizeof cell, " | lane %d %7.2f", c, top);
+      line += cell;
+      sums[size_t(c)][size_t(point)] += top - prev[size_t(c)];
+      prev[size_t(c)] = top;
+    }
+    std::fprintf(stderr,
+                 "[decode profile] mark %3d %-17s block0 %7.2f  first %7.2f (b%-2d) last %7.2f "
+                 "(b%-2d)  (+%.2f)%s\n",
+                 i, names[point], us(i, 0, 0), lo, first, hi, last, hi - prev[0], line.c_str());
+    sum0[size_t(point)] += us(i, 0, 0) - prev0;
+    sums[0][size_t(point)] += hi - prev[0];
+    prev0 = us(i, 0, 0);
+    prev[0] = hi;
+  }
+  for (int i = 0; i < kProfPoints; ++i) {
+    std::string line;
+    for (int c = 1; c < lanes; ++c) {
+      char cell[32];
+      std::snprintf(cell, sizeof cell, " | lane %d %7.2f", c, sums[size_t(c)][size_t(i)]);
+      line += cell;
+    }
+    std::fprintf(stderr, "[decode profile] %2d %-17s block0 %7.2f  last block %7.2f%s\n", i,
+                 names[i], sum0[size_t(i)], sums[0][size_t(i)], line.c_str());
+  }
+  std::fprintf(stderr, "[decode profile] total: block0 %.2f us, last block %.2f us\n", prev0,
+               prev[0]);
+}
 
 void printProfile() {
-  std::vector<unsigned long long> h(kProfSlots);
+  std::vector<unsigned long long> h(2 * size_t(kProfSlots));
   if (cudaDeviceSynchronize() != cudaSuccess ||
       cudaMemcpy(h.data(), gProf, h.size() * sizeof(h[0]), cudaMemcpyDeviceToHost) != cudaSuccess)
     return;
   int dev = 0, khz = 0;
   cudaGetDevice(&dev);
   cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, dev);
-  const double n = double(h[kProfSlots - 1]);
-  const int marks = int(std::min<unsigned long long>(h[kProfIds + kTraceMarks], kTraceMarks));
-  const int blocks = std::min(gProfBlocks, kMaxCluster);
-  if (n <= 0 || khz <= 0 || blocks <= 0) return;
-  static const char* names[kProfPoints] = {
-      "ln1 (+row/embed)", "qkv", "barrier", "attention",     "barrier", "proj (+row)", "barrier",
-      "ln2 (+row)",       "fc",  "barrier", "fcProj (+row)", "barrier", "final ln",    "head"};
-  auto us = [&](int mark, int block) {
-    const double launches = std::max(1.0, double(h[size_t(kProfCounts + mark)]));
-    return double(h[size_t(mark) * kMaxCluster + size_t(block)]) / launches / (khz * 1e-3);
-  };
-  std::fprintf(stderr,
-               "[decode profile] forms launched (bits) %d, %.0f launches, %d blocks, clock %d "
-               "MHz; us since the block's start (thread 0), mean over the launches that "
-               "reached the mark\n",
-               gProfForms, n, blocks, khz / 1000);
-  std::vector<double> sum0(kProfPoints, 0.0), sumMax(kProfPoints, 0.0);
-  double prev0 = 0, prevMax = 0;
-  for (int i = 0; i < marks; ++i) {
-    const int point = int(h[size_t(kProfIds) + size_t(i)]) % kProfPoints;
-    double lo = us(i, 0), hi = lo;
-    int first = 0, last = 0;  // the blocks that reached the mark first and last
-    for (int b = 1; b < blocks; ++b) {
-      if (us(i, b) < lo) lo = us(i, b), first = b;
-      if (us(i, b) > hi) hi = us(i, b), last = b;
-    }
-    std::fprintf(stderr,
-                 "[decode profile] mark %3d %-17s block0 %7.2f  first %7.2f (b%-2d) last %7.2f "
-                 "(b%-2d)  (+%.2f)\n",
-                 i, names[point], us(i, 0), lo, first, hi, last, hi - prevMax);
-    sum0[size_t(point)] += us(i, 0) - prev0;
-    sumMax[size_t(point)] += hi - prevMax;
-    prev0 = us(i, 0);
-    prevMax = hi;
-  }
-  for (int i = 0; i < kProfPoints; ++i)
-    std::fprintf(stderr, "[decode profile] %2d %-17s block0 %7.2f  last block %7.2f\n", i, names[i],
-                 sum0[size_t(i)], sumMax[size_t(i)]);
-  std::fprintf(stderr, "[decode profile] total: block0 %.2f us, last block %.2f us\n", prev0,
-               prevMax);
+  if (khz <= 0) return;
+  const std::vector<unsigned long long> spec(h.begin() + kProfSlots, h.end());
+  h.resize(size_t(kProfSlots));
+  const std::string forms = "forms launched (bits) " + std::to_string(gProfForms);
+  printTimeline(h, forms.c_str(), gProfBlocks, 1, khz);
+  printTimeline(spec, "speculative runs", gProfBlocks, gProfLanes, khz);
 }
 
 unsigned long long* profileBuffer() {
   static unsigned long long* buf = [] {
     const char* e = std::getenv("PTLLM_DECODE_PROFILE");
     if (!e || std::strcmp(e, "1") != 0) return static_cast<unsigned long long*>(nullptr);
-    PTLLM_CUDA_CHECK(cudaMalloc(&gProf, kProfSlots * sizeof(unsigned long long)));
-    PTLLM_CUDA_CHECK(cudaMemset(gProf, 0, kProfSlots * sizeof(unsigned long long)));
+    const size_t bytes = 2 * size_t(kProfSlots) * sizeof(unsigned long long);
+    PTLLM_CUDA_CHECK(cudaMalloc(&gProf, bytes));
+    PTLLM_CUDA_CHECK(cudaMemset(gProf, 0, bytes));
     std::atexit(printProfile);
     return gProf;
   }();
@@ -1611,7 +1688,11 @@ bool launchSpeculative(const Ops::DecodeStepArgs& a, StepParams& p, cudaLaunchCo
   p.hist = const_cast<int32_t*>(a.history);
   p.specLogits = a.logits;
   p.specStats = a.speculativeStats;
-  p.prof = nullptr;  // the profile's marks are per block of one cluster
+  if (p.prof) {  // the speculative runs' own timeline
+    p.prof += kProfSlots;
+    gProfBlocks = std::max(gProfBlocks, int(cfg.gridDim.x));
+    gProfLanes = std::max(gProfLanes, lanes);
+  }
   cfg.gridDim.y = unsigned(lanes);
   void* params[] = {&p};
   PTLLM_CUDA_CHECK(cudaLaunchKernelExC(&cfg, kernel, params));
