@@ -351,10 +351,10 @@ __device__ void greedyTail(const StepParams& p, int pos) {
 // Points: 0 LayerNorm 1 (with the embedding or the row load), 1 qkv, 2 barrier, 3 attention,
 // 4 barrier, 5 proj (with its row load), 6 barrier, 7 LayerNorm 2, 8 fc, 9 barrier, 10 fcProj
 // (with its row load), 11 barrier, 12 final LayerNorm, 13 head; a speculative run's own: 14 the
-// qkv flag published and the lower lanes' rows read, 15 every lane's pick read, 16 the accepted
-// lanes' rows read, 17 the next drafts.
+// qkv flag published and the lower lanes' rows read, 15 every lane's pick read, 16 the next
+// drafts.
 constexpr int kMaxLanes = Ops::DecodeStepArgs::kMaxSpeculativeLanes;
-constexpr int kProfPoints = 18;
+constexpr int kProfPoints = 17;
 constexpr int kTraceMarks = 128;  // marks kept per step (12 per layer and 2 more per step)
 // Buffer: sums [kTraceMarks][kMaxLanes][kMaxCluster], the marks' points [kTraceMarks], the
 // most marks a step made, the steps that made each mark [kTraceMarks] (a mark's mean is over
@@ -950,8 +950,9 @@ __device__ __forceinline__ uint32_t handoffBytes(const StepParams& p, int k, int
 //     greedy run);
 //   - each block keeps the token history in shared memory (the positions below the start from
 //     StepParams::hist, then every emitted pick), drafts from it itself (every block the same
-//     drafts) and, where it holds a (layer, head) pair's rows (resident), copies the accepted
-//     rows it does not have yet from L2 before the next step.
+//     drafts); where it holds a (layer, head) pair's rows (resident), the accepted rows it
+//     does not have yet (those of the lanes above it) come in from L2 with the next step's
+//     lower lanes' rows, at that layer's qkv hand-off (not on the way into the next step).
 // Flags hold serials (the launch's base StepParams::spec[kSpecEpoch] + step + 1, rising across
 // launches), so they are never reset; the picks are double-buffered by step parity (a lane
 // rewrites its slot two steps later, after every block has read it: each lane's next pick
@@ -967,13 +968,16 @@ __device__ __forceinline__ int32_t* qkvFlag(const StepParams& p, int lane, int l
   return p.spec + kSpecQkvFlags + (lane * kMaxLayers + layer) * kMaxCluster + block;
 }
 
-// Everything this block wrote before its last block barrier, then flag = v (gpu scope).
+// Everything this block wrote before its last block barrier, then flag = v: a release at gpu
+// scope, cumulative over the writes the barrier ordered before it (the PTX memory model's
+// release pattern; a __threadfence before it would add a sequentially consistent fence and an
+// L1 invalidation, MEMBAR.SC.GPU + CCTL.IVALL, for nothing).
 __device__ __forceinline__ void publishFlag(int32_t* flag, int32_t v) {
-  __threadfence();
   asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(flag), "r"(v) : "memory");
 }
 
-// Until *flag has reached serial v (acquire, gpu scope).
+// Until *flag has reached serial v (acquire, gpu scope). Relaxed polls with one acquire fence
+// after were slower (run 53: 29.5-29.8 against 28.5-28.8 us/token).
 __device__ __forceinline__ void awaitFlag(const int32_t* flag, int32_t v) {
   unsigned long long start = 0;
   for (unsigned i = 0;; ++i) {
@@ -991,16 +995,22 @@ __device__ __forceinline__ void awaitFlag(const int32_t* flag, int32_t v) {
   }
 }
 
-// Rows pos0 + first .. pos0 + first + count - 1 of head h of layer l (written by lanes
-// first .. first + count - 1 in the step of serial v) into this block's stage, read through
-// L2 once their writers' flags are up. Every thread of the block calls it.
-__device__ void specRows(const StepParams& p, float* base, int l, int h, int pos0, int first,
-                         int count, int32_t v) {
+// The rows of head h of layer l that lane `lane`'s stage lacks in the step of serial v, read
+// through L2 once their writers' flags are up: pos0 - behind .. pos0 - 1 (the previous step's
+// accepted lanes above this one, lane + 1 .. lane + behind, serial v - 1) and pos0 .. pos0 +
+// lane - 1 (this step's lower lanes 0 .. lane - 1). Every thread of the block calls it.
+__device__ void specRows(const StepParams& p, float* base, int l, int h, int pos0, int lane,
+                         int behind, int32_t v) {
   const int G = int(gridDim.x);
-  for (int i = threadIdx.x; i < count * G; i += kThreads)
-    awaitFlag(qkvFlag(p, first + i / G, l, i % G), v);
+  for (int i = threadIdx.x; i < (behind + lane) * G; i += kThreads) {
+    const int row = i / G;  // from pos0 - behind
+    if (row < behind)
+      awaitFlag(qkvFlag(p, lane + 1 + row, l, i % G), v - 1);
+    else
+      awaitFlag(qkvFlag(p, row - behind, l, i % G), v);
+  }
   __syncthreads();
-  loadStageRows(p, base, p.layers[l].cache, h, pos0 + first, count);
+  loadStageRows(p, base, p.layers[l].cache, h, pos0 - behind, behind + lane);
 }
 
 // Drafts for positions pos0 + 1 .. pos0 + lanes - 1 (drafts[0 .. lanes - 2]) by warp 0: the
@@ -1039,7 +1049,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int64_t laneOff = kSpec ? int64_t(sl) * p.laneFloats : 0;
   float *const gx = p.x + laneOff, *const gy = p.y + laneOff, *const gh = p.h + laneOff;
   float *const gatt = p.att + laneOff, *const glogits = p.logits + laneOff;
-  int pos0 = pos, tok0 = tok, emitted = 0;
+  // behind: a speculative run's rows just below pos0 that this lane's stage lacks (accepted
+  // lanes above it in the step before).
+  int pos0 = pos, tok0 = tok, emitted = 0, behind = 0;
   if constexpr (kSpec) {
     if (pos0 + p.lanes > p.maxT) return;  // no room for the lanes: nothing runs or is written
   }
@@ -1173,7 +1185,8 @@ __global__ void __launch_bounds__(kThreads, 1)
           // stage than the qkv phase's stores).
           if (threadIdx.x == 0) publishFlag(qkvFlag(p, sl, l, int(blockIdx.x)), serial);
           const int h = int(blockIdx.x) - rank0;
-          if (sl > 0 && h >= 0 && h < p.NH) specRows(p, base, l, h, pos0, 0, sl, serial);
+          if (sl + behind > 0 && h >= 0 && h < p.NH)
+            specRows(p, base, l, h, pos0, sl, behind, serial);
           stamp(p, t, 14);
         }
         wait(kQkvHandoff, g);
@@ -1331,11 +1344,9 @@ __global__ void __launch_bounds__(kThreads, 1)
           if (last && sl == take - 1 && blockIdx.x == 0)  // the last emitted pick's logits
             for (int v = threadIdx.x; v < p.V; v += kThreads) p.specLogits[v] = logitsS[v];
           if (int(threadIdx.x) < take) hist[pos0 + 1 + threadIdx.x] = picks[threadIdx.x];
-          // This block's (layer, head) rows of the accepted lanes above this one.
-          const int b = int(blockIdx.x);
-          if (!last && b < p.NH * p.nLayer && sl + 1 < take)
-            specRows(p, base, b / p.NH, b % p.NH, pos0, sl + 1, take - 1 - sl, serial);
-          stamp(p, t, 16);
+          // The accepted lanes' rows above this one come into the stage with the next step's
+          // lower lanes' rows (the qkv hand-off of each layer, specRows).
+          behind = max(take - 1 - sl, 0);
           pos0 += take;
           tok0 = picks[take - 1];
           if (last) {
@@ -1353,7 +1364,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           __syncthreads();  // the history is whole; every thread has read the drafts and picks
           if (threadIdx.x < 32) specDraft(hist, pos0, R, drafts);
           __syncthreads();
-          stamp(p, t, 17);
+          stamp(p, t, 16);
           tok = sl == 0 ? tok0 : drafts[sl - 1];
           pos = pos0 + sl;
           continue;
@@ -1539,24 +1550,10 @@ void printTimeline(const std::vector<unsigned long long>& h, const char* what, i
   blocks = std::min(blocks, kMaxCluster);
   lanes = std::clamp(lanes, 1, kMaxLanes);
   if (n <= 0 || blocks <= 0) return;
-  static const char* names[kProfPoints] = {"ln1 (+row/embed)",
-                                           "qkv",
-                                           "barrier",
-                                           "attention",
-                                           "barrier",
-                                           "proj (+row)",
-                                           "barrier",
-                                           "ln2 (+row)",
-                                           "fc",
-                                           "barrier",
-                                           "fcProj (+row)",
-                                           "barrier",
-                                           "final ln",
-                                           "head",
-                                           "qkv flag+rows",
-                                           "picks",
-                                           "accepted rows",
-                                           "drafts"};
+  static const char* names[kProfPoints] = {
+      "ln1 (+row/embed)", "qkv",   "barrier", "attention",     "barrier", "proj (+row)", "barrier",
+      "ln2 (+row)",       "fc",    "barrier", "fcProj (+row)", "barrier", "final ln",    "head",
+      "qkv flag+rows",    "picks", "drafts"};
   auto us = [&](int mark, int lane, int block) {
     const double steps = std::max(1.0, double(h[size_t(kProfCounts + mark)]));
     const size_t slot = (size_t(mark) * kMaxLanes + size_t(lane)) * kMaxCluster + size_t(block);
