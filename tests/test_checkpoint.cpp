@@ -369,6 +369,10 @@ TEST(Cli, BadInputGivesOneLineErrorAndNonZeroExit) {
       {"bench gemm --iters 0", "--iters"},
       {"bench matmul --iters -3", "--iters"},
       {"bench sample --tokens 0", "--tokens"},
+      {"sample --speculative 1", "'1' is not 0 (off) or an integer from 2 to 8"},
+      {"sample --speculative 9", "'9' is not 0 (off) or an integer from 2 to 8"},
+      {"serve --speculative x", "'x' is not 0 (off) or an integer from 2 to 8"},
+      {"bench sample --speculative -1", "--speculative"},
   };
   for (const auto& [args, needle] : cases) {
     auto r = runCli(args, dir);

@@ -560,7 +560,7 @@ TEST_F(CudaDecodeStep, SpeculativeRunEqualsGreedySteps) {
     auto history = gpu->allocBytes(size_t(s.maxT) * sizeof(int32_t));
     gpu->uploadIds(static_cast<int32_t*>(history->ptr), hist.data(), s.pos);
     auto stats = gpu->allocBytes(2 * sizeof(int32_t));
-    for (int lanes : {2, 3, 4, 8}) {
+    for (int lanes : {2, 3, 4, 6, 8}) {
       SCOPED_TRACE("lanes " + std::to_string(lanes));
       Tensor tokens = gpu->alloc({int64_t(s.maxT)});
       gpu->upload(tokens, poison.data());

@@ -166,8 +166,10 @@ class Gpt2 {
   bool canDecodeGreedy() const;
   bool decodeGreedy(int32_t first, int n, const std::function<void(int32_t)>& onToken,
                     float* logitsOut, const int32_t* cachedIds = nullptr);
-  // On by default (4 lanes: run 51, docs/performance.md); 0 or 1: off.
-  static constexpr int kDefaultSpeculativeLanes = 4;
+  // On by default: 6 lanes (runs 51-53, docs/performance.md: ~5% less per token than 4 on the
+  // bundled model); where the device cannot hold them at once, the run decodes without. 0 or 1:
+  // off.
+  static constexpr int kDefaultSpeculativeLanes = 6;
   void setSpeculativeLanes(int lanes) { speculativeLanes_ = lanes; }
   int speculativeLanes() const { return speculativeLanes_; }
   // The tokens the last decodeGreedy emitted speculatively, and the verify steps they took
