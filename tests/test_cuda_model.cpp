@@ -202,7 +202,7 @@ TEST_F(CudaModel, DeviceGreedyRunsEqualTheHostLoop) {
 
 // Speculative greedy runs (Gpt2::setSpeculativeLanes) change how many steps run one after
 // another, not one output bit: whole generations (across the slide and sentinel checks) give
-// the same tokens with 2, 4 and 8 lanes as without, and one run from the prompt gives the same
+// the same tokens with 2, 4, 6 and 8 lanes as without, and one run from the prompt gives the same
 // picks and last logits — with drafts both kept and dropped on the bundled model's text (fewer
 // verify steps than tokens, more than tokens / lanes), all of it emitted speculatively (the
 // run has room for the lanes).

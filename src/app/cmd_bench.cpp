@@ -129,8 +129,8 @@ void benchSample(const ModelArgs& a, const GlobalOptions& g) {
     const auto t0 = Clock::now();
     text = gen.generate(prompt, o);
     secs.push_back(since(t0));
-    specTokens += m.lastSpeculativeTokens();
-    specSteps += m.lastSpeculativeSteps();
+    specTokens += gen.speculativeTokens();  // every greedy run of the generation
+    specSteps += gen.speculativeSteps();
   }
   // The text itself, so runs with and without speculation can be compared (FNV-1a).
   uint32_t textHash = 2166136261u;

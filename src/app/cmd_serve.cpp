@@ -41,8 +41,8 @@ void addServeCommand(CLI::App& app, GlobalOptions& g) {
                        "0: off); the text is the same, bit for bit");
   cmd->callback([a, &g] {
     const std::string path = a->model.empty() ? bundledModelPath() : a->model;
-    Playground playground(g, path, {},
-                          a->speculative);  // loads the model (errors end here, before listening)
+    // Loads the model (errors end here, before listening).
+    Playground playground(g, path, {}, a->speculative);
     HttpApi api(playground);
     const int port = api.bind(a->host, a->port);
     std::printf(

@@ -43,19 +43,28 @@ inline CLI::Validator intRange(long long lo, long long hi = INT_MAX) {
       hi == INT_MAX ? fmt::format("INT>={}", lo) : fmt::format("INT in {}..{}", lo, hi));
 }
 
-// --speculative: speculative greedy lanes (Gpt2::setSpeculativeLanes), 0 (off) or 2 up to the
-// backend's most; anything else gets a one-line error as intRange gives.
+// Speculative greedy lanes a user may ask for (--speculative, the playground's "speculative";
+// Gpt2::setSpeculativeLanes): 0 (off) or 2 up to the backend's most. The error names the
+// value as `shown`.
+inline constexpr int kMostSpeculativeLanes = Ops::DecodeStepArgs::kMaxSpeculativeLanes;
+inline bool speculativeLanesOk(long long lanes) {
+  return lanes == 0 || (lanes >= 2 && lanes <= kMostSpeculativeLanes);
+}
+inline std::string notSpeculativeLanes(const std::string& shown) {
+  return fmt::format("{} is not 0 (off) or an integer from 2 to {}", shown, kMostSpeculativeLanes);
+}
+
+// --speculative: anything speculativeLanesOk refuses gets a one-line error as intRange gives.
 inline CLI::Option* addSpeculativeOption(CLI::App* cmd, int& lanes, const std::string& help) {
-  constexpr int kMost = Ops::DecodeStepArgs::kMaxSpeculativeLanes;
-  const CLI::Validator range = intRange(0, kMost);
+  const CLI::Validator range = intRange(0, kMostSpeculativeLanes);
   return cmd->add_option("--speculative", lanes, help)
       ->capture_default_str()
       ->check(CLI::Validator(
-          [range, most = kMost](std::string& text) -> std::string {
-            if (range(text).empty() && std::stoll(text) != 1) return {};
-            return fmt::format("'{}' is not 0 (off) or an integer from 2 to {}", text, most);
+          [range](std::string& text) -> std::string {
+            if (range(text).empty() && speculativeLanesOk(std::stoll(text))) return {};
+            return notSpeculativeLanes("'" + text + "'");
           },
-          fmt::format("0 or INT in 2..{}", kMost)));
+          fmt::format("0 or INT in 2..{}", kMostSpeculativeLanes)));
 }
 
 // The most worker threads --threads takes: far above any machine this runs on, far below what

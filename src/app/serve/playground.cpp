@@ -291,12 +291,11 @@ std::shared_ptr<GenerationJob> Playground::generate(const nlohmann::json& body) 
   const std::string path = f.get<std::string>("path", "auto");
   const std::string model = f.get<std::string>("model", "base");
   job->stream = f.get<bool>("stream", false);
-  job->speculativeLanes =
-      f.number<int>("speculative", speculativeLanes_, 0, Ops::DecodeStepArgs::kMaxSpeculativeLanes);
+  job->speculativeLanes = f.number<int>("speculative", speculativeLanes_, 0, kMostSpeculativeLanes);
   f.rejectUnknown();
-  if (job->speculativeLanes == 1)
-    throw ApiError(400, fmt::format("speculative: 1 is not 0 (off) or an integer from 2 to {}",
-                                    Ops::DecodeStepArgs::kMaxSpeculativeLanes));
+  if (!speculativeLanesOk(job->speculativeLanes))
+    throw ApiError(400,
+                   "speculative: " + notSpeculativeLanes(std::to_string(job->speculativeLanes)));
   if (path != "auto" && path != "f32")
     throw ApiError(400, fmt::format("path: \"{}\" is not auto or f32", path));
   if (model != "base" && model != "finetuned")

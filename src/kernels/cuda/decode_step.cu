@@ -939,8 +939,8 @@ __device__ __forceinline__ uint32_t handoffBytes(const StepParams& p, int k, int
 // same bits — lane c on draft token c - 1 at position pos + c (lane 0: the last pick, at pos):
 //   - lane c's attention needs the cache rows pos .. pos + c - 1 of its layer, which lanes
 //     0 .. c - 1 write in the same phase: every block publishes a flag per layer once its share
-//     of the qkv row is in global memory (after its block barrier: fence, then a gpu-scope
-//     release), and lane c's attention blocks wait for those lanes' flags and read the rows
+//     of the qkv row is in global memory (after its block barrier, a gpu-scope release:
+//     publishFlag), and lane c's attention blocks wait for those lanes' flags and read the rows
 //     through L2 into their stage. No lane waits for a higher one, so the lanes run skewed by
 //     the flags' latency, not one step after another;
 //   - after the head, block 0 of every lane publishes its pick, and every block of every lane
@@ -1466,8 +1466,6 @@ const void* formKernel(int form) {
                      : reinterpret_cast<const void*>(decodeStepKernel2<kAsyncHandoff>);
 }
 
-// The dynamic shared memory a block of forms 2-4 may ask for: the device's per-block
-// opt-in less the kernel's static shared memory (the profile's trace marks).
 // The dynamic shared memory a block of `kernel` may ask for: the device's per-block opt-in
 // (48 KB where it cannot say) less the kernel's static shared memory; 0 where the kernel's
 // attributes cannot be read.
@@ -1499,6 +1497,8 @@ void allowClusterLaunch(const void* kernel, int smem) {
                                         cudaSharedmemCarveoutMaxL1));
 }
 
+// kernelSmemCap of form `form`'s kernel (forms 2-4; their static shared memory holds the
+// profile's trace marks), asked once per process.
 int dynSmemCapBytes(int form) {
   static const std::vector<int> caps = [] {
     std::vector<int> c(kForms + 1, 0);
@@ -1559,6 +1559,16 @@ void printTimeline(const std::vector<unsigned long long>& h, const char* what, i
     const size_t slot = (size_t(mark) * kMaxLanes + size_t(lane)) * kMaxCluster + size_t(block);
     return double(h[slot]) / steps / (khz * 1e-3);
   };
+  // " | lane c v" for lanes 1 .. lanes - 1 (lane 0 has columns of its own).
+  auto laneCells = [&](auto&& value) {
+    std::string cells;
+    for (int c = 1; c < lanes; ++c) {
+      char cell[32];
+      std::snprintf(cell, sizeof cell, " | lane %d %7.2f", c, double(value(c)));
+      cells += cell;
+    }
+    return cells;
+  };
   const std::string perLane = lanes > 1 ? " per lane, " + std::to_string(lanes) + " lanes" : "";
   std::fprintf(stderr,
                "[decode profile] %s: %.0f launches, %d blocks%s, clock %d MHz; us since the "
@@ -1576,16 +1586,13 @@ void printTimeline(const std::vector<unsigned long long>& h, const char* what, i
       if (us(i, 0, b) < lo) lo = us(i, 0, b), first = b;
       if (us(i, 0, b) > hi) hi = us(i, 0, b), last = b;
     }
-    std::string line;
-    for (int c = 1; c < lanes; ++c) {  // the latest block of every other lane
+    const std::string line = laneCells([&](int c) {  // the latest block of every other lane
       double top = 0;
       for (int b = 0; b < blocks; ++b) top = std::max(top, us(i, c, b));
-      char cell[32];
-      std::snprintf(cell, sizeof cell, " | lane %d %7.2f", c, top);
-      line += cell;
       sums[size_t(c)][size_t(point)] += top - prev[size_t(c)];
       prev[size_t(c)] = top;
-    }
+      return top;
+    });
     std::fprintf(stderr,
                  "[decode profile] mark %3d %-17s block0 %7.2f  first %7.2f (b%-2d) last %7.2f "
                  "(b%-2d)  (+%.2f)%s\n",
@@ -1595,16 +1602,10 @@ void printTimeline(const std::vector<unsigned long long>& h, const char* what, i
     prev0 = us(i, 0, 0);
     prev[0] = hi;
   }
-  for (int i = 0; i < kProfPoints; ++i) {
-    std::string line;
-    for (int c = 1; c < lanes; ++c) {
-      char cell[32];
-      std::snprintf(cell, sizeof cell, " | lane %d %7.2f", c, sums[size_t(c)][size_t(i)]);
-      line += cell;
-    }
+  for (int i = 0; i < kProfPoints; ++i)
     std::fprintf(stderr, "[decode profile] %2d %-17s block0 %7.2f  last block %7.2f%s\n", i,
-                 names[i], sum0[size_t(i)], sums[0][size_t(i)], line.c_str());
-  }
+                 names[i], sum0[size_t(i)], sums[0][size_t(i)],
+                 laneCells([&](int c) { return sums[size_t(c)][size_t(i)]; }).c_str());
   std::fprintf(stderr, "[decode profile] total: block0 %.2f us, last block %.2f us\n", prev0,
                prev[0]);
 }
@@ -1662,9 +1663,11 @@ bool launchSpeculative(const Ops::DecodeStepArgs& a, StepParams& p, cudaLaunchCo
   static float* scratch = nullptr;
   static size_t scratchFloats = 0;
   static int32_t* words = nullptr;
+  // A lane's rows, each starting 16-byte aligned: x, y, h, att, logits.
   auto round4 = [](int64_t n) { return (n + 3) / 4 * 4; };
-  const int64_t laneFloats =
-      2 * round4(p.C) + round4(4 * int64_t(p.C)) + round4(int64_t(p.NH) * p.maxT) + round4(p.V);
+  const int64_t atY = round4(p.C), atH = atY + round4(p.C), atAtt = atH + round4(4 * int64_t(p.C)),
+                atLogits = atAtt + round4(int64_t(p.NH) * p.maxT),
+                laneFloats = atLogits + round4(p.V);
   if (size_t(laneFloats * lanes) > scratchFloats) {
     if (scratch) PTLLM_CUDA_CHECK(cudaFree(scratch));
     scratchFloats = size_t(laneFloats * lanes);
@@ -1677,10 +1680,10 @@ bool launchSpeculative(const Ops::DecodeStepArgs& a, StepParams& p, cudaLaunchCo
   p.lanes = lanes;
   p.laneFloats = int(laneFloats);
   p.x = scratch;
-  p.y = p.x + round4(p.C);
-  p.h = p.y + round4(p.C);
-  p.att = p.h + round4(4 * int64_t(p.C));
-  p.logits = p.att + round4(int64_t(p.NH) * p.maxT);
+  p.y = scratch + atY;
+  p.h = scratch + atH;
+  p.att = scratch + atAtt;
+  p.logits = scratch + atLogits;
   p.spec = words;
   p.hist = const_cast<int32_t*>(a.history);
   p.specLogits = a.logits;
