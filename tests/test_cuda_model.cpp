@@ -212,7 +212,7 @@ TEST_F(CudaModel, SpeculativeGreedyRunsEqualGreedyRuns) {
     BundledOn loaded(*gpu, paths);
     Gpt2& m = *loaded.lm.model;
     const std::vector<int32_t>& prompt = loaded.prompt;
-    int specTokens = 0, specSteps = 0;  // the last generation's (Generator::speculative*)
+    int specTokens = 0, specSteps = 0, specLanes = 0;  // the last generation's (Generator)
     auto generate = [&](int lanes) {
       m.setSpeculativeLanes(lanes);
       Generator gen(m);
@@ -223,15 +223,18 @@ TEST_F(CudaModel, SpeculativeGreedyRunsEqualGreedyRuns) {
       std::vector<int32_t> out = gen.generate(prompt, o);
       specTokens = gen.speculativeTokens();
       specSteps = gen.speculativeSteps();
+      specLanes = gen.speculativeLanes();
       return out;
     };
     const std::vector<int32_t> plain = generate(0);
     EXPECT_EQ(specSteps, 0);
+    EXPECT_EQ(specLanes, 0);
     for (int lanes : {2, 4, 6, 8}) EXPECT_EQ(generate(lanes), plain) << lanes << " lanes";
     generate(4);  // 4 lanes fit (as the run below needs; an H100 holds 6)
     EXPECT_GT(specSteps, 0);
     EXPECT_LT(specSteps, specTokens) << "no draft was kept";
     EXPECT_LE(specTokens, 300);
+    EXPECT_EQ(specLanes, 4);
 
     const int V = m.config().vocabSize, n = 120;
     auto run = [&](int lanes, std::vector<int32_t>& picks, std::vector<float>& last) {
@@ -255,6 +258,7 @@ TEST_F(CudaModel, SpeculativeGreedyRunsEqualGreedyRuns) {
     EXPECT_EQ(got, want);
     EXPECT_EQ(std::memcmp(gotLast.data(), wantLast.data(), wantLast.size() * sizeof(float)), 0);
     EXPECT_EQ(m.lastSpeculativeTokens(), n);
+    EXPECT_EQ(m.lastSpeculativeLanes(), 4);
     EXPECT_LT(m.lastSpeculativeSteps(), n) << "no draft was kept";
     EXPECT_GT(m.lastSpeculativeSteps() * 4, n) << "no draft was dropped";
     m.setSpeculativeLanes(0);

@@ -230,6 +230,7 @@ TEST_F(Serve, GreedyGenerationIsIdenticalOnAutoAndF32AndSeededSamplingRepeats) {
                                 R"("speculative":)" + std::to_string(lanes) + "}"));
     EXPECT_EQ(k["text"], a["text"]) << lanes;
     EXPECT_EQ(k["speculative"]["lanes"], lanes);
+    EXPECT_EQ(k["speculative"]["lanes_run"], 0);
     EXPECT_EQ(k["speculative"]["tokens"], 0);
     EXPECT_EQ(k["speculative"]["steps"], 0);
   }

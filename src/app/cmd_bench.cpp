@@ -124,13 +124,14 @@ void benchSample(const ModelArgs& a, const GlobalOptions& g) {
   o.tokens = a.tokens;
   std::vector<double> secs;
   std::vector<int32_t> text;
-  int specTokens = 0, specSteps = 0;
+  int specTokens = 0, specSteps = 0, specLanesRun = 0;
   for (int r = 0; r < std::max(1, a.repeats); ++r) {
     const auto t0 = Clock::now();
     text = gen.generate(prompt, o);
     secs.push_back(since(t0));
     specTokens += gen.speculativeTokens();  // every greedy run of the generation
     specSteps += gen.speculativeSteps();
+    specLanesRun = std::max(specLanesRun, gen.speculativeLanes());
   }
   // The text itself, so runs with and without speculation can be compared (FNV-1a).
   uint32_t textHash = 2166136261u;
@@ -144,8 +145,8 @@ void benchSample(const ModelArgs& a, const GlobalOptions& g) {
       "peer=ptllm mode=sample device=%s n_layer=%d n_head=%d n_embd=%d block=%d threads=%d "
       "path=%s step_graph=%d step_form=%s fused_blocks=%d fused_form=%d greedy_graph=%d "
       "persistent_run=%d params=%lld tokens=%d repeats=%zu secs=%.4f secs_min=%.4f us_token=%.1f "
-      "tok_s=%.2f step_us=%.1f weights=%s spec_lanes=%d spec_tokens=%d spec_steps=%d "
-      "spec_tokens_per_step=%.2f text_hash=%08x\n",
+      "tok_s=%.2f step_us=%.1f weights=%s spec_lanes=%d spec_lanes_run=%d spec_tokens=%d "
+      "spec_steps=%d spec_tokens_per_step=%.2f text_hash=%08x\n",
       e.ops->name(), cfg.nLayer, cfg.nHead, cfg.nEmbd, cfg.blockSize, threadCount(),
       pathName(m).c_str(), int(m.usedStepGraph()),
       form == Gpt2::FusedSteps::Auto ? "auto"
@@ -153,8 +154,9 @@ void benchSample(const ModelArgs& a, const GlobalOptions& g) {
                                      : "ops",
       m.usedFusedStep(), m.usedFusedForm(), int(a.greedyRunGraph), int(m.usedPersistentGreedyRun()),
       (long long)m.numParams(), a.tokens, secs.size(), med, secs.front(), med / a.tokens * 1e6,
-      a.tokens / med, stepUs, a.model.empty() ? "random" : "checkpoint", a.speculative, specTokens,
-      specSteps, specSteps > 0 ? double(specTokens) / specSteps : 0.0, textHash);
+      a.tokens / med, stepUs, a.model.empty() ? "random" : "checkpoint", a.speculative,
+      specLanesRun, specTokens, specSteps, specSteps > 0 ? double(specTokens) / specSteps : 0.0,
+      textHash);
 }
 
 // Median seconds of fn over `iters` calls after 3 warm-ups.

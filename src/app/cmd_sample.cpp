@@ -29,8 +29,8 @@ void addSampleCommand(CLI::App& app, GlobalOptions& g) {
   cmd->add_option("--seed", a->s.seed, "sampling seed")->capture_default_str();
   addSpeculativeOption(cmd, a->speculative,
                        "greedy on a GPU: check drafted tokens with this many decode steps side "
-                       "by side (0: off; where the GPU cannot hold them, off); the text is the "
-                       "same, bit for bit");
+                       "by side (0: off; a GPU that holds fewer at once runs as many as it holds, "
+                       "at least 2); the text is the same, bit for bit");
   auto noSentinel = std::make_shared<bool>(false);
   cmd->add_flag("--no-sentinel", *noSentinel, "no f32 drift checks every 256 tokens");
   cmd->callback([a, noSentinel, &g] {
@@ -66,7 +66,8 @@ void addSampleCommand(CLI::App& app, GlobalOptions& g) {
       std::fprintf(stderr,
                    "[sample] speculative greedy (%d lanes): %d of %zu tokens in %d verify steps, "
                    "%.2f per step\n",
-                   a->speculative, gen.speculativeTokens(), out.size(), gen.speculativeSteps(),
+                   gen.speculativeLanes(), gen.speculativeTokens(), out.size(),
+                   gen.speculativeSteps(),
                    double(gen.speculativeTokens()) / gen.speculativeSteps());
   });
 }

@@ -178,10 +178,12 @@ class Ops {
     // (drafts: the continuation of the latest earlier occurrence of the context's last tokens),
     // keeping the picks whose drafts were the greedy picks. The picks, step buffer, cache rows
     // below the new position and logits are bit for bit those of the same number of greedy
-    // steps (x, y, h and att are not kept). It may stop early (it needs speculativeLanes free
-    // positions): step[1] says how far it went (possibly nowhere). history: [maxT] in device
-    // memory, the tokens at positions 0 .. step[1] - 1. speculativeStats (optional, [2] in
-    // device memory): += {verify steps, tokens emitted}.
+    // steps (x, y, h and att are not kept). Where the device cannot hold that many copies at
+    // once, it runs as many as it can (at least 2; else it refuses). It may stop early (it needs
+    // as many free positions as copies): step[1] says how far it went (possibly nowhere).
+    // history: [maxT] in device memory, the tokens at positions 0 .. step[1] - 1.
+    // speculativeStats (optional, [3] in device memory): += {verify steps, tokens emitted}, and
+    // [2] = the copies it ran.
     int speculativeLanes = 0;
     static constexpr int kMaxSpeculativeLanes = 8;  // more: refused
     const int32_t* history = nullptr;

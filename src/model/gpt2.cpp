@@ -561,7 +561,7 @@ bool Gpt2::decodeGreedy(int32_t first, int n, const std::function<void(int32_t)>
   ensureCache();
   usedStepGraph_ = usedPersistentRun_ = false;
   usedFusedStep_ = usedFusedForm_ = 0;
-  lastSpecTokens_ = lastSpecSteps_ = 0;
+  lastSpecTokens_ = lastSpecSteps_ = lastSpecLanes_ = 0;
   const PathEntry* path = fastPath(false);
   StepRecording* rec = stepRecording(path, first);
   if (!rec) return false;
@@ -724,12 +724,12 @@ int Gpt2::runSpeculative(const PathEntry* path, const int32_t* cachedIds, int32_
   const int p0 = cachePos_;
   if (!specHistory_) {
     specHistory_ = ops_.allocBytes(size_t(cfg_.blockSize) * sizeof(int32_t));
-    specStats_ = ops_.allocBytes(2 * sizeof(int32_t));
+    specStats_ = ops_.allocBytes(3 * sizeof(int32_t));
   }
   auto* stats = static_cast<int32_t*>(specStats_->ptr);
-  const int32_t zero[2] = {0, 0};
-  int32_t after[2], step[2];
-  ops_.uploadIds(stats, zero, 2);  // the run adds its counts to these (queued, no wait)
+  const int32_t zero[3] = {0, 0, 0};
+  int32_t after[3], step[2];
+  ops_.uploadIds(stats, zero, 3);  // the run adds its counts to these (queued, no wait)
   checkTokens(cachedIds, p0);
   ops_.uploadIds(static_cast<int32_t*>(specHistory_->ptr), cachedIds, p0);
   Ops::DecodeStepArgs args = fusedStepArgs(path, 4);
@@ -740,9 +740,10 @@ int Gpt2::runSpeculative(const PathEntry* path, const int32_t* cachedIds, int32_
   args.speculativeStats = stats;
   if (ops_.decodeStepFused(args) == 0) return 0;
   ops_.downloadIds(step, static_cast<const int32_t*>(stepIds_->ptr), 2);  // waits for the run
-  ops_.downloadIds(after, stats, 2);
+  ops_.downloadIds(after, stats, 3);
   lastSpecSteps_ = after[0];
   lastSpecTokens_ = after[1];
+  lastSpecLanes_ = after[2];
   if (step[1] - p0 != lastSpecTokens_ || lastSpecTokens_ < 0 || lastSpecTokens_ > n)
     fail("speculative run: moved {} positions but counted {} tokens", step[1] - p0,
          lastSpecTokens_);

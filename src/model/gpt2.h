@@ -166,16 +166,17 @@ class Gpt2 {
   bool canDecodeGreedy() const;
   bool decodeGreedy(int32_t first, int n, const std::function<void(int32_t)>& onToken,
                     float* logitsOut, const int32_t* cachedIds = nullptr);
-  // On by default: 6 lanes (runs 51-53, docs/performance.md: ~5% less per token than 4 on the
-  // bundled model); where the device cannot hold them at once, the run decodes without. 0 or 1:
-  // off.
+  // On by default: 6 lanes (run 53, docs/performance.md: 5% faster per token than 4 on the
+  // bundled model; a device that holds fewer at once runs fewer); 0 or 1: off.
   static constexpr int kDefaultSpeculativeLanes = 6;
   void setSpeculativeLanes(int lanes) { speculativeLanes_ = lanes; }
   int speculativeLanes() const { return speculativeLanes_; }
-  // The tokens the last decodeGreedy emitted speculatively, and the verify steps they took
-  // (0, 0: it ran without).
+  // The tokens the last decodeGreedy emitted speculatively, the verify steps they took and the
+  // lanes it ran (fewer than asked where the device holds fewer at once; 0, 0, 0: it ran
+  // without).
   int lastSpeculativeTokens() const { return lastSpecTokens_; }
   int lastSpeculativeSteps() const { return lastSpecSteps_; }
+  int lastSpeculativeLanes() const { return lastSpecLanes_; }
   static constexpr int kGreedyRunSteps = 32;
   void setGreedyRunGraphs(bool on) { greedyRunGraphs_ = on; }
   void setPersistentGreedyRuns(bool on) {
@@ -252,8 +253,9 @@ class Gpt2 {
   bool stepGraphsOn_ = true, stepGraphsBroken_ = false, usedStepGraph_ = false;
   bool greedyRunGraphs_ = true, greedyRunsBroken_ = false;
   bool persistentGreedyRuns_ = true, usedPersistentRun_ = false;
-  int speculativeLanes_ = kDefaultSpeculativeLanes, lastSpecTokens_ = 0, lastSpecSteps_ = 0;
-  std::shared_ptr<Buffer> specHistory_, specStats_;  // [blockSize] tokens; [2] counters
+  int speculativeLanes_ = kDefaultSpeculativeLanes, lastSpecTokens_ = 0, lastSpecSteps_ = 0,
+      lastSpecLanes_ = 0;
+  std::shared_ptr<Buffer> specHistory_, specStats_;  // [blockSize] tokens; [3] counters
   FusedSteps fusedSteps_ = FusedSteps::Auto;
   // Auto's timed choice per path: 0 the op kernels, f > 0 fused form f.
   std::map<const PathEntry*, int> stepForm_;

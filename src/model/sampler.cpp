@@ -116,7 +116,7 @@ std::vector<int32_t> Generator::generate(const std::vector<int32_t>& prompt,
   if (opt.topK < 0) fail("generate: --top-k must be >= 0 (got {})", opt.topK);
   Rng rng(opt.seed);
   context_.clear();
-  slides_ = specTokens_ = specSteps_ = 0;
+  slides_ = specTokens_ = specSteps_ = specLanes_ = 0;
   sentinel_ = {};
   model_.resetCache();
   const int T = model_.config().blockSize;
@@ -156,6 +156,7 @@ std::vector<int32_t> Generator::generate(const std::vector<int32_t>& prompt,
       if (done) {
         specTokens_ += model_.lastSpeculativeTokens();
         specSteps_ += model_.lastSpeculativeSteps();
+        specLanes_ = std::max(specLanes_, model_.lastSpeculativeLanes());
         i += run - 1;
         continue;
       }

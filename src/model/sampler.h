@@ -52,10 +52,11 @@ class Generator {
   const std::vector<int32_t>& context() const { return context_; }
   int slides() const { return slides_; }
   const SentinelReport& sentinel() const { return sentinel_; }
-  // The last generate()'s tokens decoded speculatively (Gpt2::setSpeculativeLanes) and the
-  // verify steps they took (0, 0: none ran speculatively).
+  // The last generate()'s tokens decoded speculatively (Gpt2::setSpeculativeLanes), the verify
+  // steps they took and the most lanes a run had (0, 0, 0: none ran speculatively).
   int speculativeTokens() const { return specTokens_; }
   int speculativeSteps() const { return specSteps_; }
+  int speculativeLanes() const { return specLanes_; }
 
  private:
   void feed(const std::vector<int32_t>& tokens);  // prefill, sliding if needed
@@ -63,7 +64,7 @@ class Generator {
   Gpt2& model_;
   std::vector<int32_t> context_;
   std::vector<float> logits_;
-  int slides_ = 0, specTokens_ = 0, specSteps_ = 0;
+  int slides_ = 0, specTokens_ = 0, specSteps_ = 0, specLanes_ = 0;
   SentinelReport sentinel_;
 };
 

@@ -510,6 +510,7 @@ void Playground::runGeneration(GenerationJob& job) {
                              {"sentinel_demoted", gen.sentinel().demoted},
                              {"speculative",
                               {{"lanes", job.speculativeLanes},
+                               {"lanes_run", gen.speculativeLanes()},
                                {"tokens", gen.speculativeTokens()},
                                {"steps", gen.speculativeSteps()}}}});
   } catch (const Cancelled&) {

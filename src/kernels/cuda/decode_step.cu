@@ -104,7 +104,7 @@ struct StepParams {
   int lanes, laneFloats;
   int32_t *spec, *hist;
   float* specLogits;
-  int32_t* specStats;  // or null: += {verify steps, tokens emitted} at the run's end
+  int32_t* specStats;  // or null: += {verify steps, tokens emitted}, = lanes, at the run's end
   StepLayer layers[kMaxLayers];
 };
 static_assert(sizeof(StepParams) <= 4096, "kernel parameters");
@@ -957,7 +957,8 @@ __device__ __forceinline__ uint32_t handoffBytes(const StepParams& p, int k, int
 // launches), so they are never reset; the picks are double-buffered by step parity (a lane
 // rewrites its slot two steps later, after every block has read it: each lane's next pick
 // needs every block of the lane past the step that read it). Every cluster must be resident at
-// once (the launch checks the device fits them; a wait that outlasts kSpecTimeoutNs traps).
+// once (the launch runs as many lanes as the device holds; a wait that outlasts kSpecTimeoutNs
+// traps).
 constexpr int kDraftNgram = 4;  // the longest suffix drafts are matched on
 constexpr int kSpecEpoch = 0, kSpecPicks = 1, kSpecPickFlags = kSpecPicks + 2 * kMaxLanes,
               kSpecQkvFlags = kSpecPickFlags + kMaxLanes,
@@ -1357,6 +1358,7 @@ __global__ void __launch_bounds__(kThreads, 1)
               if (p.specStats) {
                 p.specStats[0] += s + 1;
                 p.specStats[1] += emitted;
+                p.specStats[2] = R;
               }
             }
             break;
@@ -1640,12 +1642,13 @@ unsigned long long* profileBuffer() {
 }
 
 // A speculative greedy run (DecodeStepArgs::speculativeLanes): the greedy run's launch (cfg, p:
-// form 4, resident rows, logits in shared memory) with the lanes side by side; false, nothing
-// enqueued, where it cannot run (the lanes' clusters must all be resident at once).
+// form 4, resident rows, logits in shared memory) with the lanes side by side, as many as the
+// device holds at once (all must be resident) up to those asked for; false, nothing enqueued,
+// where it cannot run (the form, or fewer than 2 lanes fit).
 bool launchSpeculative(const Ops::DecodeStepArgs& a, StepParams& p, cudaLaunchConfig_t& cfg,
                        int run) {
-  const int lanes = a.speculativeLanes;
-  if (run != 4 || !p.resident || p.steps < 2 || lanes > kMaxLanes || !a.history) return false;
+  if (run != 4 || !p.resident || p.steps < 2 || a.speculativeLanes > kMaxLanes || !a.history)
+    return false;
   const void* kernel = reinterpret_cast<const void*>(decodeStepKernel2<kAsyncHandoff, true>);
   static const int cap = [&] {
     const int bytes = kernelSmemCap(kernel);
@@ -1655,9 +1658,11 @@ bool launchSpeculative(const Ops::DecodeStepArgs& a, StepParams& p, cudaLaunchCo
   // After the logits: the history (maxT + 1 tokens), the drafts and the picks.
   cfg.dynamicSmemBytes += (size_t(p.maxT) + 1 + 2 * kMaxLanes) * sizeof(int32_t);
   if (cfg.dynamicSmemBytes > size_t(cap)) return false;
+  // As many lanes as the device holds at once (all must be resident), at most those asked for.
   int fit = 0;
   if (cudaOccupancyMaxActiveClusters(&fit, kernel, &cfg) != cudaSuccess) cudaGetLastError();
-  if (fit < lanes) return false;
+  const int lanes = std::min(a.speculativeLanes, fit);
+  if (lanes < 2) return false;
   // The lanes' scratch rows and the run's flags: one set per process (every launch is on the
   // one stream), grown as needed; the flags are zeroed once and only rise after.
   static float* scratch = nullptr;
