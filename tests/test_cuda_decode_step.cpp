@@ -560,6 +560,9 @@ TEST_F(CudaDecodeStep, SpeculativeRunEqualsGreedySteps) {
     auto history = gpu->allocBytes(size_t(s.maxT) * sizeof(int32_t));
     gpu->uploadIds(static_cast<int32_t*>(history->ptr), hist.data(), s.pos);
     auto stats = gpu->allocBytes(3 * sizeof(int32_t));
+    // 132 SMs (H100, H200): every lane count up to 6 runs as asked. A smaller GPU may run fewer
+    // (or, below 2, none): the run must then say so and still be bit for bit.
+    const bool hopperSized = cudaDeviceInfo().multiprocessors >= 132;
     for (int lanes : {2, 3, 4, 6, 8}) {
       SCOPED_TRACE("lanes " + std::to_string(lanes));
       Tensor tokens = gpu->alloc({int64_t(s.maxT)});
@@ -577,7 +580,7 @@ TEST_F(CudaDecodeStep, SpeculativeRunEqualsGreedySteps) {
       if (gpu->decodeStepFused(a) == 0) {
         // Only where the device cannot hold 2 lanes at once (it runs as many as it holds).
         EXPECT_EQ(run.stepIds(), (std::vector<int32_t>{h.token, s.pos})) << "wrote when refused";
-        ADD_FAILURE() << "refused a speculative run of " << lanes << " lanes";
+        EXPECT_FALSE(hopperSized) << "refused a speculative run of " << lanes << " lanes";
         continue;
       }
       gpu->downloadIds(after, a.speculativeStats, 3);
@@ -587,8 +590,8 @@ TEST_F(CudaDecodeStep, SpeculativeRunEqualsGreedySteps) {
       EXPECT_EQ(after[1], emitted) << "stats: tokens";
       EXPECT_GE(ran, 2);
       EXPECT_LE(ran, lanes) << "stats: lanes";
-      if (lanes <= 6) {
-        EXPECT_EQ(ran, lanes) << "6 lanes fit every device these tests run on (H100, H200)";
+      if (hopperSized && lanes <= 6) {
+        EXPECT_EQ(ran, lanes) << "an H100 or H200 holds 6 lanes (7 on the H100s measured)";
       }
       const int room = s.maxT - ran - s.pos;  // the run starts a step only where the lanes fit
       if (room < 0) {
