@@ -26,8 +26,9 @@ run() {
   # bench/results/cuda-20261203-*.txt), which made the default look slower than its own form.
   $BIN --device cuda bench sample $BUNDLED --tokens 200 > /dev/null 2>&1 || true
   run $BIN --device cuda $SAMPLE
-  # Speculative greedy runs (4 lanes, and the default 6 on the checkpoint): on the bundled checkpoint (its greedy text decides how
-  # many drafts are kept; the peer's speed does not depend on weights) and on random weights.
+  # Speculative greedy runs (4 lanes, and the default 6 on the checkpoint): on the bundled
+  # checkpoint (its greedy text decides how many drafts are kept; the peer's speed does not
+  # depend on weights) and on random weights.
   run $BIN --device cuda $SAMPLE --model "$ROOT/models/shakespeare.safetensors"
   run $BIN --device cuda $SAMPLE --model "$ROOT/models/shakespeare.safetensors" --speculative 4
   run $BIN --device cuda $SAMPLE --model "$ROOT/models/shakespeare.safetensors" --speculative 6

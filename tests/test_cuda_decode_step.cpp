@@ -559,7 +559,8 @@ TEST_F(CudaDecodeStep, SpeculativeRunEqualsGreedySteps) {
           i == 7 ? int32_t((truth[size_t(i)] + 1) % s.V) : truth[size_t(i)];
     auto history = gpu->allocBytes(size_t(s.maxT) * sizeof(int32_t));
     gpu->uploadIds(static_cast<int32_t*>(history->ptr), hist.data(), s.pos);
-    auto stats = gpu->allocBytes(3 * sizeof(int32_t));
+    constexpr int kStats = Ops::DecodeStepArgs::kSpeculativeStats;
+    auto stats = gpu->allocBytes(kStats * sizeof(int32_t));
     // 132 SMs (H100, H200): every lane count up to 6 runs as asked. A smaller GPU may run fewer
     // (or, below 2, none): the run must then say so and still be bit for bit.
     const bool hopperSized = cudaDeviceInfo().multiprocessors >= 132;
@@ -574,16 +575,16 @@ TEST_F(CudaDecodeStep, SpeculativeRunEqualsGreedySteps) {
       a.speculativeLanes = lanes;
       a.history = static_cast<const int32_t*>(history->ptr);
       a.speculativeStats = static_cast<int32_t*>(stats->ptr);
-      const int32_t zero[3] = {0, 0, 0};
-      int32_t after[3];
-      gpu->uploadIds(a.speculativeStats, zero, 3);
+      const int32_t zero[kStats] = {};
+      int32_t after[kStats];
+      gpu->uploadIds(a.speculativeStats, zero, kStats);
       if (gpu->decodeStepFused(a) == 0) {
         // Only where the device cannot hold 2 lanes at once (it runs as many as it holds).
         EXPECT_EQ(run.stepIds(), (std::vector<int32_t>{h.token, s.pos})) << "wrote when refused";
         EXPECT_FALSE(hopperSized) << "refused a speculative run of " << lanes << " lanes";
         continue;
       }
-      gpu->downloadIds(after, a.speculativeStats, 3);
+      gpu->downloadIds(after, a.speculativeStats, kStats);
       const int emitted = run.stepIds()[1] - s.pos, verifySteps = after[0];
       const int ran =
           emitted > 0 ? after[2] : lanes;  // the lanes it ran (stats of a run that went)

@@ -515,7 +515,7 @@
           if (j.sentinel_demoted) parts.push('drift sentinel demoted the fast path (finished on f32)');
           const spec = j.speculative;
           if (spec && isNum(spec.steps) && spec.steps > 0)
-            parts.push(`speculative: ${(spec.tokens / spec.steps).toFixed(2)} tokens per verify step (${spec.lanes_run ?? spec.lanes} lanes)`);
+            parts.push(`speculative: ${(spec.tokens / spec.steps).toFixed(2)} tokens per verify step (${spec.lanes_run} lanes)`);
           $('gen-info').textContent = parts.join(' · ');
           $('gen-info').dataset.path = String(j.path ?? '');
           setGenState('done');

@@ -182,12 +182,13 @@ class Ops {
     // once, it runs as many as it can (at least 2; else it refuses). It may stop early (it needs
     // as many free positions as copies): step[1] says how far it went (possibly nowhere).
     // history: [maxT] in device memory, the tokens at positions 0 .. step[1] - 1.
-    // speculativeStats (optional, [3] in device memory): += {verify steps, tokens emitted}, and
-    // [2] = the copies it ran.
+    // speculativeStats (optional, [kSpeculativeStats] in device memory): += {verify steps,
+    // tokens emitted}, and [2] = the copies it ran.
     int speculativeLanes = 0;
     static constexpr int kMaxSpeculativeLanes = 8;  // more: refused
     const int32_t* history = nullptr;
     int32_t* speculativeStats = nullptr;
+    static constexpr int kSpeculativeStats = 3;
   };
   virtual int decodeStepForms() const { return 0; }
   // Enqueues the whole one-token step of a GPT-2 — embeddingStep; per layer LayerNorm, the qkv

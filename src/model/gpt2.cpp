@@ -724,12 +724,13 @@ int Gpt2::runSpeculative(const PathEntry* path, const int32_t* cachedIds, int32_
   const int p0 = cachePos_;
   if (!specHistory_) {
     specHistory_ = ops_.allocBytes(size_t(cfg_.blockSize) * sizeof(int32_t));
-    specStats_ = ops_.allocBytes(3 * sizeof(int32_t));
+    specStats_ = ops_.allocBytes(Ops::DecodeStepArgs::kSpeculativeStats * sizeof(int32_t));
   }
   auto* stats = static_cast<int32_t*>(specStats_->ptr);
-  const int32_t zero[3] = {0, 0, 0};
-  int32_t after[3], step[2];
-  ops_.uploadIds(stats, zero, 3);  // the run adds its counts to these (queued, no wait)
+  constexpr int kStats = Ops::DecodeStepArgs::kSpeculativeStats;
+  const int32_t zero[kStats] = {};
+  int32_t after[kStats], step[2];
+  ops_.uploadIds(stats, zero, kStats);  // the run adds its counts to these (queued, no wait)
   checkTokens(cachedIds, p0);
   ops_.uploadIds(static_cast<int32_t*>(specHistory_->ptr), cachedIds, p0);
   Ops::DecodeStepArgs args = fusedStepArgs(path, 4);
@@ -740,7 +741,7 @@ int Gpt2::runSpeculative(const PathEntry* path, const int32_t* cachedIds, int32_
   args.speculativeStats = stats;
   if (ops_.decodeStepFused(args) == 0) return 0;
   ops_.downloadIds(step, static_cast<const int32_t*>(stepIds_->ptr), 2);  // waits for the run
-  ops_.downloadIds(after, stats, 3);
+  ops_.downloadIds(after, stats, kStats);
   lastSpecSteps_ = after[0];
   lastSpecTokens_ = after[1];
   lastSpecLanes_ = after[2];

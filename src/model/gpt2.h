@@ -255,7 +255,7 @@ class Gpt2 {
   bool persistentGreedyRuns_ = true, usedPersistentRun_ = false;
   int speculativeLanes_ = kDefaultSpeculativeLanes, lastSpecTokens_ = 0, lastSpecSteps_ = 0,
       lastSpecLanes_ = 0;
-  std::shared_ptr<Buffer> specHistory_, specStats_;  // [blockSize] tokens; [3] counters
+  std::shared_ptr<Buffer> specHistory_, specStats_;  // [blockSize] tokens; the run's counters
   FusedSteps fusedSteps_ = FusedSteps::Auto;
   // Auto's timed choice per path: 0 the op kernels, f > 0 fused form f.
   std::map<const PathEntry*, int> stepForm_;
